@@ -1,0 +1,35 @@
+# sloctl: two commands on a fresh machine — `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.sloctl-installed
+
+.PHONY: venv demo test test-slow bench lint clean
+
+# torch goes in first, pinned: a local CPU wheel; any other version pulls gigabytes.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
+	$(BIN)/pip install --disable-pip-version-check -q -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/sloctl demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/pytest -m slow
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_dispatch_lag.py
+
+clean:
+	rm -rf reports .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""YAML configuration files shipped with sloctl (``default.yaml``)."""

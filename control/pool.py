@@ -1,0 +1,89 @@
+"""The cluster-pool interface that routing and scaling policies drive.
+
+A pool owns clusters of whole-core sizes. Policies ask it to spin clusters up
+and down and to run queries on them; completions come back with exact start
+and end times on the monotonic clock (``time.monotonic()``, shared by every
+process on the machine). The live DuckDB pool
+(:class:`sloctl.datasets.DuckDBClusterPool`) and simulated pools implement it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+__all__ = ["ClusterInfo", "ClusterPool", "QueryCompletion", "QueryRequest", "QueryStatus"]
+
+QueryStatus = Literal["ok", "timeout", "error"]
+
+
+@dataclass(frozen=True)
+class QueryRequest:
+    """A query to run on one cluster.
+
+    Attributes:
+        query_id: the caller's id, echoed in the completion.
+        sql: the query text.
+        timeout_s: interrupt the query after this long (``None``: never).
+    """
+
+    query_id: int
+    sql: str
+    timeout_s: float | None = None
+
+
+@dataclass(frozen=True)
+class QueryCompletion:
+    """How a query ended. Times are ``time.monotonic()`` seconds.
+
+    A ``timeout`` completion is censored: ``end_s - start_s`` is the time to
+    failure, a lower bound on the query's latency.
+    """
+
+    query_id: int
+    cluster_id: str
+    start_s: float
+    end_s: float
+    status: QueryStatus
+    error: str = ""
+    rows: int = 0
+    oversubscribed: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """A cluster's state as the pool sees it."""
+
+    cluster_id: str
+    size: int
+    cores: tuple[int, ...]
+    state: Literal["starting", "ready", "stopped", "failed"]
+    requested_s: float
+    ready_s: float | None
+    running: int
+    oversubscribed: bool
+
+
+class ClusterPool(Protocol):
+    """What a policy needs from a pool of warehouse clusters."""
+
+    def spin_up(self, size: int, *, cluster_id: str | None = None) -> str:
+        """Start a cluster of ``size`` cores; return its id at once."""
+
+    def wait_ready(self, cluster_id: str, timeout_s: float | None = None) -> ClusterInfo:
+        """Block until the cluster accepts queries."""
+
+    def submit(self, cluster_id: str, request: QueryRequest) -> None:
+        """Start ``request`` on a ready cluster without waiting for it."""
+
+    def completions(self, timeout_s: float | None = None) -> list[QueryCompletion]:
+        """Completions since the last call; waits up to ``timeout_s`` for one."""
+
+    def tear_down(self, cluster_id: str) -> None:
+        """Stop a cluster; queries still running on it end as ``error``."""
+
+    def clusters(self) -> list[ClusterInfo]:
+        """Every cluster the pool has started, with its state."""
+
+    def close(self) -> None:
+        """Tear down every cluster."""

@@ -1,0 +1,109 @@
+"""The process behind one DuckDB cluster (``python -m sloctl.datasets._cluster_worker``).
+
+It pins itself to its cores, opens the database read-only with
+``threads = size``, waits out the warm-up delay, then reads JSON-line commands
+on stdin and answers JSON lines on stdout:
+
+* in:  ``{"op": "run", "query_id": 1, "sql": "...", "timeout_s": 5.0}``,
+  ``{"op": "stop"}``
+* out: ``{"kind": "ready", "t": ...}``, ``{"kind": "failed", "error": "..."}``,
+  ``{"kind": "done", "query_id": 1, "start_s": ..., "end_s": ..., "status":
+  "ok", "error": "", "rows": 4}``, ``{"kind": "stopped", "t": ...}``
+
+Every query runs on a thread of its own; start and end are read on the
+machine-wide monotonic clock right around the query's execution.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+
+TORN_DOWN = "cluster torn down while the query ran"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sloctl-cluster-worker")
+    parser.add_argument("--db", required=True)
+    parser.add_argument("--size", type=int, required=True)
+    parser.add_argument("--cores", required=True, help="comma-separated core ids")
+    parser.add_argument("--warmup-s", type=float, default=0.0)
+    args = parser.parse_args(argv)
+    out_lock = threading.Lock()
+
+    def emit(message: dict) -> None:
+        line = json.dumps(message)
+        with out_lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+
+    try:
+        os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])
+        import duckdb
+
+        con = duckdb.connect(args.db, read_only=True, config={"threads": args.size})
+        if args.warmup_s > 0:
+            time.sleep(args.warmup_s)
+    except Exception as exc:  # report, so the pool does not wait forever
+        emit({"kind": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    emit({"kind": "ready", "t": time.monotonic()})
+
+    running: dict[int, object] = {}
+    lock = threading.Lock()
+    stopping = threading.Event()
+
+    def run(query_id: int, sql: str, timeout_s: float | None) -> None:
+        cur = con.cursor()
+        with lock:
+            running[query_id] = cur
+        timer = threading.Timer(timeout_s, cur.interrupt) if timeout_s is not None else None
+        status, error, n_rows = "ok", "", 0
+        start_s = time.monotonic()
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        try:
+            n_rows = len(cur.execute(sql).fetchall())
+        except duckdb.InterruptException:
+            status, error = ("error", TORN_DOWN) if stopping.is_set() else ("timeout", "")
+        except duckdb.Error as exc:
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+        end_s = time.monotonic()
+        if timer is not None:
+            timer.cancel()
+        with lock:
+            running.pop(query_id, None)
+        cur.close()
+        emit({"kind": "done", "query_id": query_id, "start_s": start_s, "end_s": end_s,
+              "status": status, "error": error, "rows": n_rows})
+
+    threads: list[threading.Thread] = []
+    for line in sys.stdin:
+        message = json.loads(line)
+        if message["op"] == "run":
+            thread = threading.Thread(
+                target=run, args=(message["query_id"], message["sql"], message.get("timeout_s")),
+                daemon=True)
+            thread.start()
+            threads = [t for t in threads if t.is_alive()]
+            threads.append(thread)
+        elif message["op"] == "stop":
+            break
+    stopping.set()
+    with lock:
+        for cur in running.values():
+            cur.interrupt()
+    for thread in threads:
+        thread.join(timeout=10)
+    con.close()
+    emit({"kind": "stopped", "t": time.monotonic()})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

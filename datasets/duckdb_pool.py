@@ -1,0 +1,259 @@
+"""A live warehouse: DuckDB clusters as worker processes pinned to cores.
+
+Each cluster is one process whose CPU affinity is a set of ``size`` cores
+(``os.sched_setaffinity``: DuckDB's ``threads`` setting alone does not cap
+CPU, since every running cursor also works on its own OS thread). The process
+opens the database read-only with ``threads = size`` and runs every query it
+receives on a thread of its own, so queries on one cluster overlap and
+interfere as they would on a real warehouse. Start and end times are read in
+the worker, on the machine-wide monotonic clock, around the query itself.
+
+Spin-up is real: a process start (interpreter, DuckDB import, database open)
+plus a configurable warm-up delay. Clusters get disjoint core sets; a pool
+that would need more cores than it may use is refused unless
+``allow_oversubscribe`` is set, in which case clusters share the least-used
+cores and every completion on them is marked ``oversubscribed``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sloctl.control.pool import ClusterInfo, QueryCompletion, QueryRequest
+from sloctl.errors import ClusterPoolError
+
+__all__ = ["DuckDBClusterPool"]
+
+@dataclass
+class _Cluster:
+    cluster_id: str
+    size: int
+    cores: tuple[int, ...]
+    process: subprocess.Popen
+    requested_s: float
+    oversubscribed: bool
+    state: str = "starting"
+    ready_s: float | None = None
+    failure: str = ""
+    running: set[int] = field(default_factory=set)
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class DuckDBClusterPool:
+    """:class:`~sloctl.control.ClusterPool` over a DuckDB database file.
+
+    Args:
+        db_path: the database (opened read-only by every cluster).
+        warmup_s: delay added to each spin-up after the process is ready.
+        allow_oversubscribe: share cores instead of refusing a cluster that
+            does not fit; completions on shared cores are marked.
+        cores: the cores the pool may use (default: this process's affinity).
+    """
+
+    def __init__(self, db_path: str | Path, *, warmup_s: float = 0.0,
+                 allow_oversubscribe: bool = False, cores: list[int] | None = None) -> None:
+        self.db_path = Path(db_path)
+        self.warmup_s = warmup_s
+        self.allow_oversubscribe = allow_oversubscribe
+        self.cores = cores
+        if not self.db_path.is_file():
+            raise ClusterPoolError(f"The 'db_path' parameter names no database file: {self.db_path}.")
+        if warmup_s < 0:
+            raise ClusterPoolError(f"The 'warmup_s' parameter must be >= 0, got {warmup_s!r}.")
+        self._cores = tuple(sorted(cores if cores is not None else os.sched_getaffinity(0)))
+        self._completions: queue.Queue[QueryCompletion] = queue.Queue()
+        self._clusters: dict[str, _Cluster] = {}
+        self._cond = threading.Condition()
+        self._ids = itertools.count(1)
+        self._closed = False
+
+    # -- core allocation -------------------------------------------------
+    def _allocate(self, size: int) -> tuple[tuple[int, ...], bool]:
+        live = [c for c in self._clusters.values() if c.state in ("starting", "ready")]
+        used = {core for c in live for core in c.cores}
+        free = [core for core in self._cores if core not in used]
+        if size <= len(free):
+            return tuple(free[:size]), False
+        if not self.allow_oversubscribe:
+            raise ClusterPoolError(
+                f"A cluster of size {size} needs {size} free cores, but only {len(free)} of the "
+                f"{len(self._cores)} cores this pool may use are free "
+                f"({sum(c.size for c in live)} held by {len(live)} running cluster(s)). "
+                "Tear a cluster down, use smaller sizes, or allow oversubscription "
+                "(--allow-oversubscribe), which marks every row it affects."
+            )
+        load = {core: 0 for core in self._cores}
+        for c in live:
+            for core in c.cores:
+                load[core] += 1
+        chosen = sorted(self._cores, key=lambda core: (load[core], core))[: min(size, len(self._cores))]
+        for c in live:
+            if set(c.cores) & set(chosen):
+                c.oversubscribed = True
+        return tuple(sorted(chosen)), True
+
+    # -- ClusterPool -------------------------------------------------------
+    def spin_up(self, size: int, *, cluster_id: str | None = None) -> str:
+        """Start a cluster process pinned to ``size`` cores; return its id."""
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ClusterPoolError(f"The 'size' parameter must be an integer >= 1, got {size!r}.")
+        with self._cond:
+            if self._closed:
+                raise ClusterPoolError("The pool is closed.")
+            cluster_id = cluster_id or f"c{next(self._ids)}-s{size}"
+            if cluster_id in self._clusters and self._clusters[cluster_id].state != "stopped":
+                raise ClusterPoolError(f"The 'cluster_id' {cluster_id!r} is already in use.")
+            cores, oversubscribed = self._allocate(size)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "sloctl.datasets._cluster_worker", "--db",
+                 str(self.db_path), "--size", str(size), "--cores", ",".join(map(str, cores)),
+                 "--warmup-s", repr(self.warmup_s)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+            cluster = _Cluster(
+                cluster_id=cluster_id, size=size, cores=cores, process=process,
+                requested_s=time.monotonic(), oversubscribed=oversubscribed or size > len(cores))
+            self._clusters[cluster_id] = cluster
+            threading.Thread(target=self._read_results, args=(cluster,), daemon=True,
+                             name=f"sloctl-pool-{cluster_id}").start()
+        return cluster_id
+
+    def wait_ready(self, cluster_id: str, timeout_s: float | None = None) -> ClusterInfo:
+        """Block until the cluster is ready; raise if it failed or timed out."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        with self._cond:
+            cluster = self._get(cluster_id)
+            while cluster.state == "starting":
+                if cluster.process.poll() is not None:
+                    cluster.state, cluster.failure = "failed", f"exit code {cluster.process.returncode}"
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise ClusterPoolError(f"Cluster {cluster_id!r} was not ready after {timeout_s} s.")
+                self._cond.wait(timeout=0.2 if remaining is None else min(remaining, 0.2))
+            if cluster.state != "ready":
+                raise ClusterPoolError(
+                    f"Cluster {cluster_id!r} failed to start ({cluster.failure or cluster.state}).")
+            return self._info(cluster)
+
+    def submit(self, cluster_id: str, request: QueryRequest) -> None:
+        """Hand ``request`` to the cluster; it starts on a thread of its own."""
+        with self._cond:
+            cluster = self._get(cluster_id)
+            if cluster.state != "ready":
+                raise ClusterPoolError(
+                    f"Cluster {cluster_id!r} is {cluster.state}; queries need a ready cluster.")
+            cluster.running.add(request.query_id)
+        self._send(cluster, {"op": "run", "query_id": request.query_id, "sql": request.sql,
+                             "timeout_s": request.timeout_s})
+
+    def completions(self, timeout_s: float | None = None) -> list[QueryCompletion]:
+        """Completions since the last call, waiting up to ``timeout_s`` for the first."""
+        out: list[QueryCompletion] = []
+        try:
+            out.append(self._completions.get(timeout=timeout_s))
+        except queue.Empty:
+            return out
+        while True:
+            try:
+                out.append(self._completions.get_nowait())
+            except queue.Empty:
+                return out
+
+    def tear_down(self, cluster_id: str, timeout_s: float = 15.0) -> None:
+        """Stop the cluster's process; its cores become free again."""
+        with self._cond:
+            cluster = self._get(cluster_id)
+            if cluster.state == "stopped":
+                return
+        if cluster.process.poll() is None:
+            self._send(cluster, {"op": "stop"})
+            try:
+                cluster.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                cluster.process.kill()
+                cluster.process.wait(timeout=5)
+        with self._cond:
+            cluster.state = "stopped"
+            if cluster.process.stdin is not None:
+                cluster.process.stdin.close()
+            self._cond.notify_all()
+
+    def clusters(self) -> list[ClusterInfo]:
+        """Every cluster this pool started, in start order."""
+        with self._cond:
+            return [self._info(c) for c in self._clusters.values()]
+
+    def close(self) -> None:
+        """Tear down every cluster and stop the result reader."""
+        for cluster_id in list(self._clusters):
+            self.tear_down(cluster_id)
+        with self._cond:
+            self._closed = True
+
+    def __enter__(self) -> DuckDBClusterPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -------------------------------------------------------
+    def _get(self, cluster_id: str) -> _Cluster:
+        try:
+            return self._clusters[cluster_id]
+        except KeyError:
+            raise ClusterPoolError(
+                f"Unknown cluster {cluster_id!r} (known: {', '.join(self._clusters) or 'none'})."
+            ) from None
+
+    @staticmethod
+    def _info(c: _Cluster) -> ClusterInfo:
+        return ClusterInfo(cluster_id=c.cluster_id, size=c.size, cores=c.cores, state=c.state,
+                           requested_s=c.requested_s, ready_s=c.ready_s, running=len(c.running),
+                           oversubscribed=c.oversubscribed)
+
+    @staticmethod
+    def _send(cluster: _Cluster, message: dict[str, Any]) -> None:
+        line = json.dumps(message) + "\n"
+        with cluster.send_lock:
+            try:
+                cluster.process.stdin.write(line)
+                cluster.process.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError) as exc:
+                if message["op"] != "stop":
+                    raise ClusterPoolError(
+                        f"Cluster {cluster.cluster_id!r} is gone ({exc}).") from exc
+
+    def _read_results(self, cluster: _Cluster) -> None:
+        """Follow one worker's stdout until it exits."""
+        for line in cluster.process.stdout:
+            message = json.loads(line)
+            kind = message["kind"]
+            with self._cond:
+                if kind == "done":
+                    cluster.running.discard(message["query_id"])
+                    self._completions.put(QueryCompletion(
+                        query_id=message["query_id"], cluster_id=cluster.cluster_id,
+                        start_s=message["start_s"], end_s=message["end_s"],
+                        status=message["status"], error=message["error"],
+                        rows=message["rows"], oversubscribed=cluster.oversubscribed))
+                elif kind == "ready":
+                    cluster.state, cluster.ready_s = "ready", message["t"]
+                elif kind == "failed":
+                    cluster.state, cluster.failure = "failed", message["error"]
+                self._cond.notify_all()
+        cluster.process.stdout.close()
+        with self._cond:
+            if cluster.state in ("starting", "ready"):
+                cluster.state = "failed" if cluster.state == "starting" else "stopped"
+                cluster.failure = cluster.failure or "worker exited"
+            self._cond.notify_all()

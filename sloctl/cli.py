@@ -1,0 +1,243 @@
+"""The ``sloctl`` command line.
+
+Commands are grouped by job: ``warehouse`` (the embedded DuckDB warehouse),
+``collect`` (run workloads, write query logs), ``import`` (bring outside logs
+in), ``log`` (check and summarise logs), ``config`` and ``demo``. Only typer
+and rich load at start-up; everything heavy loads inside the command that
+needs it, so ``sloctl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from sloctl.errors import SloctlError
+
+app = typer.Typer(
+    name="sloctl",
+    help="Learn how a service fleet behaves under load, then control it to meet latency SLOs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+warehouse_app = typer.Typer(help="The embedded DuckDB warehouse: generate TPC databases.",
+                            no_args_is_help=True)
+log_app = typer.Typer(help="Query logs: validate and summarise.", no_args_is_help=True)
+import_app = typer.Typer(help="Import outside traces as query logs.", no_args_is_help=True)
+config_app = typer.Typer(help="Configuration files.", no_args_is_help=True)
+app.add_typer(warehouse_app, name="warehouse")
+app.add_typer(log_app, name="log")
+app.add_typer(import_app, name="import")
+app.add_typer(config_app, name="config")
+
+ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (default: configs/default.yaml).")
+
+
+def _config(path: Path | None):
+    from sloctl.config import load_config
+
+    return load_config(path)
+
+
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated whole numbers like 1,2; got {text!r}",
+                                 param_hint="--sizes") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise typer.BadParameter(f"cluster sizes must be >= 1; got {text!r}", param_hint="--sizes")
+    return sizes
+
+
+def _echo(message: str) -> None:
+    typer.echo(message, err=True)
+
+
+@warehouse_app.command("generate")
+def warehouse_generate(
+    benchmark: str = typer.Option("tpch", help="tpch or tpcds."),
+    sf: float = typer.Option(0.1, "--sf", help="TPC scale factor."),
+    data_dir: Path | None = typer.Option(None, help="Where databases live (config: warehouse.data_dir)."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Generate a TPC database once (reused by later runs)."""
+    from sloctl.datasets.tpc import ensure_database
+
+    cfg = _config(config)
+    path = ensure_database(benchmark, sf, data_dir or cfg.warehouse.data_dir, log=_echo)
+    typer.echo(str(path))
+
+
+@warehouse_app.command("templates")
+def warehouse_templates(benchmark: str = typer.Option("tpch", help="tpch or tpcds.")) -> None:
+    """List the benchmark's query templates."""
+    from sloctl.datasets.tpc import load_templates
+
+    for template in load_templates(benchmark):
+        first = " ".join(template.sql.split())[:70]
+        typer.echo(f"{template.name}\t{first}")
+
+
+@app.command("collect")
+def collect_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Query log to write (Parquet)."),
+    benchmark: str | None = typer.Option(None, help="tpch or tpcds (config: collect.benchmark)."),
+    sf: float | None = typer.Option(None, "--sf", help="Scale factor (config: collect.scale_factor)."),
+    sizes: str | None = typer.Option(None, help="Cluster sizes, e.g. 1,2; each runs the workload in turn."),
+    workload: str | None = typer.Option(None, help="base, phased, isolated or contour."),
+    rate: float | None = typer.Option(None, help="Arrival rate λ per second (base)."),
+    copies: int | None = typer.Option(None, help="Copies of every template."),
+    seed: int | None = typer.Option(None, help="Seed of the workload."),
+    templates: str | None = typer.Option(None, help="Only these templates, e.g. tpch-q01,tpch-q06."),
+    timeout_s: float | None = typer.Option(None, help="Per-query timeout (config: warehouse.query_timeout_s)."),
+    warmup_s: float | None = typer.Option(None, help="Warm-up added to each spin-up."),
+    allow_oversubscribe: bool = typer.Option(False, help="Share cores when sizes exceed the machine."),
+    data_dir: Path | None = typer.Option(None, help="Where databases live."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Run a workload on DuckDB clusters of the given sizes and write the query log."""
+    import dataclasses
+
+    import numpy as np
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sloctl.datasets.collect import collect
+    from sloctl.datasets.querylog import write_log
+    from sloctl.datasets.tpc import ensure_database, load_templates
+    from sloctl.datasets.workloads import build_workload
+
+    cfg = _config(config)
+    overrides = {k: v for k, v in {"kind": workload, "rate_per_s": rate, "copies": copies,
+                                   "seed": seed}.items() if v is not None}
+    wcfg = dataclasses.replace(cfg.workload, **overrides)
+    if wcfg.kind not in ("base", "phased", "isolated", "contour"):
+        raise typer.BadParameter(f"expected base, phased, isolated or contour; got {wcfg.kind!r}",
+                                 param_hint="--workload")
+    bench = benchmark or cfg.collect.benchmark
+    scale = sf if sf is not None else cfg.collect.scale_factor
+    size_list = _parse_sizes(sizes) if sizes else cfg.collect.sizes
+    db = ensure_database(bench, scale, data_dir or cfg.warehouse.data_dir, log=_echo)
+    chosen = load_templates(bench, templates.split(",") if templates else None)
+    wl = build_workload(wcfg, chosen)
+    _echo(f"Workload {wl.name}: {len(wl)} queries from {len(chosen)} templates "
+          f"over {wl.duration_s:.1f} s, on sizes {list(size_list)}.")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), transient=False, console=None) as progress:
+        tasks = {}
+
+        def on_progress(cluster_id: str, done: int, total: int) -> None:
+            if cluster_id not in tasks:
+                tasks[cluster_id] = progress.add_task(cluster_id, total=total)
+            progress.update(tasks[cluster_id], completed=done)
+
+        result = collect(
+            db, wl, size_list,
+            timeout_s=timeout_s if timeout_s is not None else cfg.warehouse.query_timeout_s,
+            warmup_s=warmup_s if warmup_s is not None else cfg.warehouse.warmup_s,
+            allow_oversubscribe=allow_oversubscribe or cfg.warehouse.allow_oversubscribe,
+            on_progress=on_progress, log=progress.console.print)
+    write_log(result.log, out, metadata={
+        "benchmark": bench, "scale_factor": scale, "sizes": ",".join(map(str, size_list)),
+        "workload": wl.name, "workload_params": wl.params,
+        "time_compression": wl.time_compression})
+    status = result.log["status"].value_counts().to_dict()
+    lags = np.asarray(result.dispatch_lag_s) * 1000
+    lag_text = (f"; dispatch lag p50 {np.percentile(lags, 50):.2f} ms, "
+                f"p99 {np.percentile(lags, 99):.2f} ms") if len(lags) else ""
+    _echo(f"Wrote {len(result.log)} rows to {out} (status {status}){lag_text}.")
+
+
+@import_app.command("redset")
+def import_redset_cmd(
+    file: Path = typer.Argument(..., help="Redset Parquet or CSV file."),
+    out: Path = typer.Option(..., "--out", "-o", help="Query log to write."),
+    default_size: int = typer.Option(1, help="cluster_size for rows without one (serverless)."),
+    instance: int | None = typer.Option(None, help="Only this instance_id."),
+    limit: int | None = typer.Option(None, help="Only the first N arrivals."),
+) -> None:
+    """Map per-query Redset rows onto the query-log schema (see docs/querylog.md)."""
+    from sloctl.datasets.querylog import write_log
+    from sloctl.datasets.redset import import_redset
+
+    log, skipped = import_redset(file, default_size=default_size, instance=instance, limit=limit)
+    write_log(log, out, metadata={"source": f"redset:{file.name}"})
+    _echo(f"Wrote {len(log)} rows to {out}; skipped {skipped} rows with missing times.")
+
+
+@log_app.command("validate")
+def log_validate(file: Path = typer.Argument(..., help="Query log (Parquet).")) -> None:
+    """Check a log against the schema; exit 2 naming the first bad column/row."""
+    from sloctl.datasets.querylog import read_log
+
+    df = read_log(file)
+    typer.echo(f"{file}: valid query log, {len(df)} rows.")
+
+
+@log_app.command("summary")
+def log_summary(file: Path = typer.Argument(..., help="Query log (Parquet).")) -> None:
+    """Per-template isolated latency, latency under concurrency, and slowdown."""
+    from sloctl.datasets.analysis import template_summary
+    from sloctl.datasets.querylog import read_log
+
+    _print_summary(template_summary(read_log(file)))
+
+
+def _print_summary(summary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="Latency by template and cluster size (ok rows)")
+    for column in ("template", "size", "isolated ms", "n conc.", "median ms", "p95 ms",
+                   "slowdown", "neighbours"):
+        table.add_column(column, justify="left" if column == "template" else "right")
+
+    def ms(value: float) -> str:
+        return "-" if value != value else f"{value * 1000:.1f}"
+
+    for row in summary.itertuples():
+        table.add_row(row.template, str(row.cluster_size), ms(row.isolated_s), str(row.n_concurrent),
+                      ms(row.median_s), ms(row.p95_s),
+                      "-" if row.slowdown != row.slowdown else f"{row.slowdown:.2f}x",
+                      f"{row.mean_neighbours:.1f}")
+    Console().print(table)
+
+
+@config_app.command("show")
+def config_show(config: Path | None = ConfigOption) -> None:
+    """Print the effective configuration (defaults plus the file's changes)."""
+    import dataclasses
+
+    import yaml
+
+    typer.echo(yaml.safe_dump(dataclasses.asdict(_config(config)), sort_keys=False))
+
+
+@app.command("demo")
+def demo_cmd(
+    config: Path | None = ConfigOption,
+    data_dir: Path | None = typer.Option(None, help="Where databases live."),
+) -> None:
+    """Generate a small TPC-H database, collect a short log on sizes 1 and 2, report."""
+    from sloctl.demo import run_demo
+
+    summary, paths = run_demo(_config(config), data_dir=data_dir, log=_echo)
+    _print_summary(summary)
+    for path in paths:
+        typer.echo(f"wrote {path}")
+
+
+def main() -> None:
+    """Entry point: run the CLI; sloctl's own errors exit 2 with one clear line."""
+    try:
+        app()
+    except SloctlError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

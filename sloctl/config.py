@@ -1,0 +1,217 @@
+"""YAML configuration parsed into frozen dataclasses.
+
+A configuration file holds sections (``warehouse``, ``workload``, ...); every
+key it leaves out takes the dataclass default, so a user file names only what
+it changes. Unknown keys and values of the wrong type are errors that name the
+key path and the file, e.g.::
+
+    ConfigError: configs/my.yaml: unknown key 'workload.rat' (known keys: ...)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sloctl.errors import ConfigError
+
+__all__ = [
+    "CollectConfig",
+    "DEFAULT_CONFIG_PATH",
+    "DemoConfig",
+    "SloctlConfig",
+    "WarehouseConfig",
+    "WorkloadConfig",
+    "from_mapping",
+    "load_config",
+]
+
+def _default_config_path() -> Path:
+    import sloctl.configs
+
+    return Path(sloctl.configs.__file__).resolve().parent / "default.yaml"
+
+
+DEFAULT_CONFIG_PATH = _default_config_path()
+
+Benchmark = Literal["tpch", "tpcds"]
+WorkloadKind = Literal["base", "phased", "isolated", "contour"]
+
+
+@dataclass(frozen=True)
+class WarehouseConfig:
+    """Where the embedded DuckDB warehouse keeps its data and how clusters start.
+
+    Attributes:
+        data_dir: folder for generated TPC databases (created on demand).
+        warmup_s: extra delay after a cluster's process has started, before it
+            accepts queries (the spin-up delay is process start + this).
+        query_timeout_s: per-query timeout; a query still running then is
+            interrupted and logged as ``status=timeout`` (a censored row).
+        allow_oversubscribe: run a pool that needs more cores than the machine
+            has, with overlapping core sets; every row is then marked.
+    """
+
+    data_dir: str = "data"
+    warmup_s: float = 0.0
+    query_timeout_s: float = 60.0
+    allow_oversubscribe: bool = False
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """A seeded workload: which queries arrive, and when.
+
+    Attributes:
+        kind: ``base`` (BaseWorkload(λ): ``copies`` of every template, shuffled,
+            Poisson arrivals at ``rate_per_s``), ``phased`` (alternating
+            ``low_count`` queries at ``low_rate_per_s`` and ``high_count`` at
+            ``high_rate_per_s``), ``isolated`` (one query at a time) or
+            ``contour`` (arrival rate follows hourly counts).
+        contour_file: Parquet with hourly ``query_count`` per ``instance_id``
+            (the Redset hourly layout); empty means a synthetic daily contour.
+        contour_instance: which ``instance_id`` to follow (-1: the busiest).
+        contour_hours: how many hours of the contour to replay.
+        time_compression: one workload second stands for this many real
+            seconds of the contour (3600 replays an hour in a second).
+        count_scale: multiplies the hourly counts before compression.
+    """
+
+    kind: WorkloadKind = "base"
+    rate_per_s: float = 1.0
+    copies: int = 3
+    seed: int = 0
+    low_rate_per_s: float = 0.5
+    high_rate_per_s: float = 4.0
+    low_count: int = 15
+    high_count: int = 10
+    contour_file: str = ""
+    contour_instance: int = -1
+    contour_hours: int = 24
+    time_compression: float = 3600.0
+    count_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    """What ``sloctl collect`` runs: a benchmark at a scale on cluster sizes."""
+
+    benchmark: Benchmark = "tpch"
+    scale_factor: float = 0.1
+    sizes: tuple[int, ...] = (1, 2)
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """The short run behind ``make demo``."""
+
+    benchmark: Benchmark = "tpch"
+    scale_factor: float = 0.1
+    sizes: tuple[int, ...] = (1, 2)
+    isolated_copies: int = 1
+    concurrent_copies: int = 2
+    concurrent_rate_per_s: float = 12.0
+    seed: int = 7
+    reports_dir: str = "reports"
+
+
+@dataclass(frozen=True)
+class SloctlConfig:
+    """All sections of a sloctl configuration file."""
+
+    warehouse: WarehouseConfig = field(default_factory=WarehouseConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    demo: DemoConfig = field(default_factory=DemoConfig)
+
+
+def load_config(path: str | Path | None = None) -> SloctlConfig:
+    """Read a YAML configuration file into a :class:`SloctlConfig`.
+
+    Args:
+        path: the file; ``None`` reads ``configs/default.yaml``.
+
+    Returns:
+        The parsed, frozen configuration.
+
+    Raises:
+        ConfigError: the file is missing, is not a mapping, or has an unknown
+            or mistyped key (the message names the key and the file).
+    """
+    import yaml
+
+    path = Path(path) if path is not None else DEFAULT_CONFIG_PATH
+    if not path.is_file():
+        raise ConfigError(f"{path}: configuration file not found.")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML ({exc}).") from exc
+    return from_mapping(SloctlConfig, raw, source=str(path))
+
+
+def from_mapping(cls: type, raw: Any, *, source: str = "<config>", prefix: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, checking every key and type."""
+    where = prefix.rstrip(".") or "top level"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: '{where}' must be a mapping, got {type(raw).__name__}.")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    values = {}
+    for key, value in raw.items():
+        if key not in names:
+            raise ConfigError(
+                f"{source}: unknown key '{prefix}{key}' (known keys: {', '.join(names)})."
+            )
+        values[key] = _coerce(hints[key], value, source=source, key=f"{prefix}{key}")
+    return cls(**values)
+
+
+def _coerce(tp: Any, value: Any, *, source: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return from_mapping(tp, value, source=source, prefix=f"{key}.")
+    if origin is Literal:
+        if value not in args:
+            allowed = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{source}: key '{key}' must be one of {allowed}, got {value!r}.")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in args:
+            if arg is type(None) and value is None:
+                return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(arg, value, source=source, key=key)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if errors else f"{source}: key '{key}' has a bad value.")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{source}: key '{key}' must be a list, got {value!r}.")
+        return tuple(_coerce(args[0], v, source=source, key=f"{key}[{i}]") for i, v in enumerate(value))
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: key '{key}' must be true or false, got {value!r}.")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{source}: key '{key}' must be an integer, got {value!r}.")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{source}: key '{key}' must be a number, got {value!r}.")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{source}: key '{key}' must be a string, got {value!r}.")
+        return value
+    raise ConfigError(f"{source}: key '{key}' has an unsupported type {tp!r}.")  # pragma: no cover

@@ -1,0 +1,36 @@
+"""The exceptions sloctl raises for bad input and refused requests.
+
+Every error subclasses a built-in so that callers may catch ``ValueError`` or
+``RuntimeError`` without importing sloctl; messages name the field, the rule
+and the value that broke it.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ClusterPoolError",
+    "ConfigError",
+    "QueryLogError",
+    "SloctlError",
+    "WorkloadError",
+]
+
+
+class SloctlError(Exception):
+    """Base class of every error sloctl raises on purpose."""
+
+
+class ConfigError(SloctlError, ValueError):
+    """A configuration file has an unknown key, a wrong type or a bad value."""
+
+
+class QueryLogError(SloctlError, ValueError):
+    """A query log does not follow the documented schema."""
+
+
+class WorkloadError(SloctlError, ValueError):
+    """A workload cannot be built from the given parameters."""
+
+
+class ClusterPoolError(SloctlError, RuntimeError):
+    """A cluster pool refused a request (too many cores, unknown cluster, ...)."""
