@@ -68,6 +68,7 @@ def plot_latency_vs_concurrency(df: pd.DataFrame, path: str | Path) -> Path:
     Writes a PNG and returns its path.
     """
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -84,6 +85,8 @@ def plot_latency_vs_concurrency(df: pd.DataFrame, path: str | Path) -> Path:
                    label=f"size {size} ({len(group)} queries)")
     ax.axhline(1.0, color="grey", lw=0.8, ls="--")
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("concurrent neighbours during execution")
     ax.set_ylabel("latency / isolated latency of the template")
     ax.set_title("Interference on DuckDB clusters")

@@ -105,8 +105,6 @@ def run_on_cluster(
             now = time.monotonic()
         if items and (limit is None or len(in_flight) < limit):
             wait = max(0.0, base + items[0][1].arrival_s - time.monotonic())
-        elif not in_flight:
-            wait = 0.0
         else:
             wait = 1.0
         for done in pool.completions(timeout_s=wait):

@@ -190,9 +190,10 @@ def _print_summary(summary) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="Latency by template and cluster size (ok rows)")
-    for column in ("template", "size", "isolated ms", "n conc.", "median ms", "p95 ms",
-                   "slowdown", "neighbours"):
+    table = Table(title="Latency by template and cluster size (ok rows)",
+                  caption="iso: median alone; n: runs with neighbours; med/p95: their latency; "
+                          "slow: med/iso; nbrs: mean neighbours")
+    for column in ("template", "size", "iso ms", "n", "med ms", "p95 ms", "slow", "nbrs"):
         table.add_column(column, justify="left" if column == "template" else "right")
 
     def ms(value: float) -> str:
@@ -226,6 +227,11 @@ def demo_cmd(
 
     summary, paths = run_demo(_config(config), data_dir=data_dir, log=_echo)
     _print_summary(summary)
+    for size, group in summary.groupby("cluster_size"):
+        slowdown = group["slowdown"].dropna()
+        if len(slowdown):
+            typer.echo(f"size {size}: median slowdown under concurrency {slowdown.median():.2f}x "
+                       f"(max {slowdown.max():.2f}x) over {len(slowdown)} templates")
     for path in paths:
         typer.echo(f"wrote {path}")
 

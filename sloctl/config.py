@@ -110,11 +110,11 @@ class DemoConfig:
     """The short run behind ``make demo``."""
 
     benchmark: Benchmark = "tpch"
-    scale_factor: float = 0.1
+    scale_factor: float = 1.0
     sizes: tuple[int, ...] = (1, 2)
     isolated_copies: int = 1
-    concurrent_copies: int = 2
-    concurrent_rate_per_s: float = 12.0
+    concurrent_copies: int = 3
+    concurrent_rate_per_s: float = 8.0
     seed: int = 7
     reports_dir: str = "reports"
 
