@@ -149,3 +149,36 @@ def load_templates(benchmark: str, only: list[str] | None = None) -> list[Templa
             )
         templates = [t for t in templates if t.name in set(only)]
     return templates
+
+
+def template_frame(benchmark: str, scale_factor: float, data_dir: str | Path,
+                   arrivals: list[tuple[str, float]], cluster_size: int):
+    """A log-shaped frame of templates arriving at given offsets on one cluster.
+
+    Plan features come from EXPLAIN on the benchmark's database (generated if
+    missing). Used to ask a model about a hypothetical set of queries.
+
+    Args:
+        arrivals: ``(template name, arrival offset in seconds)`` pairs.
+        cluster_size: the cluster they share.
+    """
+    import math
+
+    import duckdb
+    import pandas as pd
+
+    from sloctl.datasets.plan_features import PlanFeaturizer, sql_hash
+
+    by_name = {t.name: t for t in load_templates(benchmark, sorted({name for name, _ in arrivals}))}
+    db = ensure_database(benchmark, scale_factor, data_dir, log=None)
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        featurize = PlanFeaturizer(con)
+        zero = min(offset for _, offset in arrivals)
+        rows = [{"query_id": i, "template": name, "sql_hash": sql_hash(by_name[name].sql), "cluster_id": "what-if",
+                 "cluster_size": cluster_size, "arrival_s": offset - zero, "start_s": offset - zero,
+                 "end_s": math.nan, "status": "ok", "slo_s": math.nan, "oversubscribed": False,
+                 **featurize(by_name[name].sql)} for i, (name, offset) in enumerate(arrivals)]
+    finally:
+        con.close()
+    return pd.DataFrame(rows)

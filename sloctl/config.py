@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sloctl.errors import ConfigError
+from sloctl.models.stage import StageConfig
 
 __all__ = [
     "CollectConfig",
     "DEFAULT_CONFIG_PATH",
     "DemoConfig",
+    "IconqSection",
+    "RegistrySection",
     "SloctlConfig",
     "WarehouseConfig",
     "WorkloadConfig",
@@ -119,6 +122,48 @@ class DemoConfig:
     reports_dir: str = "reports"
 
 
+IconqVariant = Literal["iconq", "size", "censored", "iconq_plus"]
+
+
+@dataclass(frozen=True)
+class IconqSection:
+    """How Iconq+ (and its ablation variants) train (AutoSLO §8.3.2 defaults).
+
+    Attributes:
+        variant: ``iconq`` (reverse after-pass, no size features, no
+            censoring), ``size`` (+size features), ``censored`` (+censored
+            samples) or ``iconq_plus`` (+chronological after-pass).
+        partial_per_query: sampled partial neighbour sets per query (§4.3).
+        val_fraction, test_fraction: split by query, seeded.
+    """
+
+    variant: IconqVariant = "iconq_plus"
+    embed_dim: int = 64
+    hidden_dim: int = 64
+    head_dim: int = 64
+    dropout: float = 0.2
+    lr: float = 5e-3
+    weight_decay: float = 2e-5
+    lr_gamma: float = 0.9
+    batch_size: int = 32
+    max_epochs: int = 100
+    patience: int = 5
+    grad_clip: float = 2.0
+    partial_per_query: int = 2
+    val_fraction: float = 0.15
+    test_fraction: float = 0.15
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class RegistrySection:
+    """Where runs and models are recorded (MLflow)."""
+
+    tracking_uri: str = "sqlite:///mlflow.db"
+    experiment: str = "sloctl"
+    optuna_storage: str = "sqlite:///optuna.db"
+
+
 @dataclass(frozen=True)
 class SloctlConfig:
     """All sections of a sloctl configuration file."""
@@ -127,6 +172,9 @@ class SloctlConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    stage: StageConfig = field(default_factory=StageConfig)
+    iconq: IconqSection = field(default_factory=IconqSection)
+    registry: RegistrySection = field(default_factory=RegistrySection)
 
 
 def load_config(path: str | Path | None = None) -> SloctlConfig:

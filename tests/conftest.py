@@ -17,3 +17,80 @@ def tpch_templates():
     from sloctl.datasets.tpc import load_templates
 
     return load_templates("tpch")
+
+
+def synthetic_log(n_per_cluster: int = 100, rates=(0.5, 2.0), sizes=(1, 2), seed: int = 0,
+                  timeout_s: float | None = None):
+    """A query log from a processor-sharing simulation (fast, deterministic).
+
+    Twelve templates with random plan features and work; each cluster of size
+    s runs its queries at rate min(1, s / running) each, so latency grows with
+    concurrency and shrinks with size — the signal Iconq must learn. Every
+    size also gets one isolated pass over all templates (Stage's training data).
+    """
+    import math
+
+    import numpy as np
+    import pandas as pd
+
+    from sloctl.datasets.plan_features import PLAN_FEATURES
+
+    rng = np.random.default_rng(seed)
+    n_templates = 12
+    feats = rng.uniform(0, 3, size=(n_templates, len(PLAN_FEATURES)))
+    work = np.exp(feats[:, :4].mean(axis=1) - 2.5) * rng.uniform(0.5, 2.0, n_templates)
+    rows = []
+
+    def simulate(cluster_id, size, arrivals, templates):
+        iso = work[templates] / size ** 0.8
+        remaining = iso.copy()
+        start = arrivals.copy()
+        end = np.full(len(arrivals), np.nan)
+        running: list[int] = []
+        t, nxt = 0.0, 0
+        while nxt < len(arrivals) or running:
+            rate = min(1.0, size / max(len(running), 1))
+            t_done = t + min((remaining[i] for i in running), default=math.inf) / rate
+            t_arr = arrivals[nxt] if nxt < len(arrivals) else math.inf
+            t_next = min(t_done, t_arr)
+            for i in running:
+                remaining[i] -= (t_next - t) * rate
+            t = t_next
+            for i in list(running):
+                if remaining[i] <= 1e-12:
+                    end[i] = t
+                    running.remove(i)
+            if t_arr <= t_done and nxt < len(arrivals):
+                running.append(nxt)
+                nxt += 1
+        for i in range(len(arrivals)):
+            status, stop = "ok", end[i]
+            if timeout_s is not None and end[i] - arrivals[i] > timeout_s:
+                status, stop = "timeout", arrivals[i] + timeout_s
+            rows.append({"template": f"t{templates[i]:02d}", "sql_hash": f"h{templates[i]:02d}",
+                         "cluster_id": cluster_id, "cluster_size": size, "arrival_s": arrivals[i],
+                         "start_s": start[i], "end_s": stop, "latency_s": stop - arrivals[i], "status": status,
+                         "slo_s": math.nan, "oversubscribed": False,
+                         **dict(zip(PLAN_FEATURES, feats[templates[i]], strict=True))})
+
+    offset = 0.0
+    for size in sizes:
+        templates = np.arange(n_templates)
+        gaps = np.concatenate([[0.0], np.cumsum(work[templates][:-1] / size ** 0.8 + 0.01)])
+        simulate(f"iso-{size}", size, offset + gaps, templates)
+        offset += gaps[-1] + 10
+        for rate in rates:
+            templates = rng.integers(0, n_templates, n_per_cluster)
+            arrivals = offset + np.cumsum(rng.exponential(1 / rate, n_per_cluster))
+            simulate(f"busy-{size}-{rate:g}", size, arrivals, templates)
+            offset = arrivals[-1] + 30
+    df = pd.DataFrame(rows)
+    df.insert(0, "query_id", np.arange(len(df)))
+    return df
+
+
+@pytest.fixture(scope="session")
+def sim_log():
+    from sloctl.datasets.querylog import validate_log
+
+    return validate_log(synthetic_log(), source="synthetic log")

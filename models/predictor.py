@@ -1,0 +1,128 @@
+"""A latency predictor: Stage alone, or Stage feeding an Iconq network.
+
+:class:`LatencyPredictor` bundles what a prediction needs — the Stage model,
+the plan-feature scaler, and (for concurrency-aware variants) the trained
+:class:`~sloctl.models.iconq.IconqNet` — and predicts every query of a
+log-shaped frame given its neighbours in that frame. Pure computation, no I/O
+(saving and loading live in :mod:`sloctl.training.artifacts`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sloctl.datasets.interactions import FeatureScaler, neighbour_lists, pair_vectors, self_vectors
+from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
+from sloctl.models.stage import StageModel
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["LatencyPredictor", "VARIANTS", "Variant"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An ablation variant of AutoSLO §8.3.1, as configuration of one model."""
+
+    name: str
+    after_order: str          # "reverse": Iconq's after-pass; "chronological": Iconq+
+    size_features: bool       # the cluster-size features (i)-(v) of §4.2
+    censored: bool            # partial neighbour sets and timeouts as lower bounds
+
+
+VARIANTS: dict[str, Variant] = {
+    "iconq": Variant("iconq", "reverse", False, False),
+    "size": Variant("size", "reverse", True, False),
+    "censored": Variant("censored", "reverse", True, True),
+    "iconq_plus": Variant("iconq_plus", "chronological", True, True),
+}
+
+
+class LatencyPredictor:
+    """Predicts latencies (seconds) for the queries of a log-shaped frame.
+
+    Args:
+        stage: the fitted Stage model.
+        scaler: plan-feature standardisation fitted on the training split.
+        net: the Iconq network; ``None`` for a Stage-only predictor.
+        variant: the variant ``net`` was trained as (ignored without ``net``).
+        plan_feature_version: the plan-feature schema it was trained on.
+    """
+
+    def __init__(self, stage: StageModel, scaler: FeatureScaler | None = None, net: Any = None,
+                 variant: Variant | None = None, plan_feature_version: str = PLAN_FEATURE_VERSION) -> None:
+        self.stage = stage
+        self.scaler = scaler
+        self.net = net
+        self.variant = variant
+        self.plan_feature_version = plan_feature_version
+
+    @property
+    def kind(self) -> str:
+        return "stage" if self.net is None else "iconq"
+
+    def predict(self, frame: pd.DataFrame, *, neighbours: str = "auto") -> np.ndarray:
+        """Latency in seconds of every row of ``frame``.
+
+        Args:
+            frame: log-shaped rows (plan features, ``cluster_size``,
+                ``cluster_id``, ``arrival_s``; ``start_s``/``end_s`` if known).
+            neighbours: ``"overlap"`` — neighbours are rows whose executions
+                overlap (needs start/end); ``"all"`` — every other row on the
+                same cluster; ``"auto"`` — overlap when end times are known.
+        """
+        stage_s = self.stage.predict(frame)
+        if self.net is None:
+            return stage_s
+        return np.exp(self.predict_log_with(frame, stage_s, neighbours=neighbours))
+
+    def predict_log_with(self, frame: pd.DataFrame, stage_s: np.ndarray, *, neighbours: str = "auto") -> np.ndarray:
+        """Iconq log-latency predictions given precomputed Stage predictions."""
+        import torch
+
+        from sloctl.training.batches import collate_rows
+
+        if neighbours == "auto":
+            known = "end_s" in frame.columns and np.isfinite(frame["end_s"].to_numpy(dtype=float)).all()
+            neighbours = "overlap" if known else "all"
+        before, after = self._neighbours(frame, neighbours)
+        plan = self.scaler.transform(frame)
+        arrival = frame["arrival_s"].to_numpy(dtype=float)
+        size = frame["cluster_size"].to_numpy(dtype=float)
+        sf = self.variant.size_features
+        own = self_vectors(plan, stage_s, size, sf)
+        rows = np.arange(len(frame))
+        out = np.empty(len(frame))
+        self.net.eval()
+        with torch.no_grad():
+            for chunk in np.array_split(rows, max(1, len(rows) // 256)):
+                items = [{
+                    "self_x": own[r],
+                    "before": pair_vectors(plan, stage_s, arrival, size, np.full(len(before[r]), r), before[r], sf),
+                    "after": pair_vectors(plan, stage_s, arrival, size, np.full(len(after[r]), r), after[r], sf),
+                    "base_log": np.log(stage_s[r]),
+                } for r in chunk]
+                batch = collate_rows(items)
+                out[chunk] = self.net(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
+                                      batch["after_len"], batch["base_log"]).double().numpy()
+        return out
+
+    @staticmethod
+    def _neighbours(frame: pd.DataFrame, mode: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        if mode == "overlap":
+            return neighbour_lists(frame)
+        if mode != "all":
+            raise ValueError(f"The 'neighbours' parameter must be 'overlap', 'all' or 'auto', got {mode!r}.")
+        n = len(frame)
+        before: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n
+        after: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n
+        arrival = frame["arrival_s"].to_numpy(dtype=float)
+        for _, index in frame.groupby("cluster_id", sort=False).indices.items():
+            order = index[np.argsort(arrival[index], kind="stable")]
+            for i, row in enumerate(order):
+                before[row], after[row] = order[:i], order[i + 1:]
+        return before, after

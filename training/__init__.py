@@ -1,0 +1,1 @@
+"""Training pipelines: Stage and Iconq+ from query logs, MLflow registration, Optuna studies."""

@@ -1,0 +1,111 @@
+"""Lightning wrappers for Iconq+: the module, the data module, a pruning hook.
+
+The pure network lives in :mod:`sloctl.models.iconq`; this file owns the
+optimisation (Adam, ExponentialLR, gradient clipping through the Trainer)
+and the data loaders built from a query log.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from sloctl.models.iconq import IconqConfig, IconqNet, qerror_loss
+from sloctl.training.batches import IconqDataset, collate_rows
+
+__all__ = ["EpochReporter", "IconqDataModule", "IconqLightning", "OptunaPruning", "predict_dataset"]
+
+
+class IconqLightning(L.LightningModule):
+    """Trains an :class:`IconqNet` with the (censored) log-space Q-error loss."""
+
+    def __init__(self, config: dict[str, Any], lr: float = 5e-3, weight_decay: float = 2e-5,
+                 lr_gamma: float = 0.9) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = IconqNet(IconqConfig(**config))
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.net(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
+                        batch["after_len"], batch["base_log"])
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = qerror_loss(self(batch), batch["label_log"], batch["censored"])
+        self.log("train_loss", loss, batch_size=len(batch["label_log"]), prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        pred = self(batch)
+        loss = qerror_loss(pred, batch["label_log"], batch["censored"])
+        self.log("val_loss", loss, batch_size=len(pred), prog_bar=True)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.Adam(self.parameters(), lr=self.hparams.lr, weight_decay=self.hparams.weight_decay)
+        scheduler = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=self.hparams.lr_gamma)
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+
+class IconqDataModule(L.LightningDataModule):
+    """Loaders over prepared train / validation datasets."""
+
+    def __init__(self, train: IconqDataset, val: IconqDataset, batch_size: int = 32, seed: int = 0) -> None:
+        super().__init__()
+        self.train = train
+        self.val = val
+        self.batch_size = batch_size
+        self.seed = seed
+
+    def train_dataloader(self) -> DataLoader:
+        generator = torch.Generator().manual_seed(self.seed)
+        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True, collate_fn=collate_rows,
+                          generator=generator)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=256, shuffle=False, collate_fn=collate_rows)
+
+
+class OptunaPruning(L.Callback):
+    """Reports validation loss to an Optuna trial each epoch; stops pruned trials."""
+
+    def __init__(self, trial: Any, monitor: str = "val_loss") -> None:
+        self.trial = trial
+        self.monitor = monitor
+        self.pruned = False
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.sanity_checking:
+            return
+        value = trainer.callback_metrics.get(self.monitor)
+        if value is None:
+            return
+        self.trial.report(float(value), step=trainer.current_epoch)
+        if self.trial.should_prune():
+            self.pruned = True
+            trainer.should_stop = True
+
+
+class EpochReporter(L.Callback):
+    """Calls ``fn(epoch, val_loss)`` after each validation (progress for long runs)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        value = trainer.callback_metrics.get("val_loss")
+        if value is not None and not trainer.sanity_checking:
+            self.fn(trainer.current_epoch, float(value))
+
+
+def predict_dataset(net: IconqNet, dataset: IconqDataset) -> np.ndarray:
+    """Log-latency predictions for every item of ``dataset``, in order."""
+    net.eval()
+    out = []
+    with torch.no_grad():
+        for batch in DataLoader(dataset, batch_size=256, shuffle=False, collate_fn=collate_rows):
+            out.append(net(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
+                           batch["after_len"], batch["base_log"]).double().numpy())
+    return np.concatenate(out) if out else np.empty(0)

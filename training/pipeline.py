@@ -1,0 +1,232 @@
+"""Training pipelines for Stage and Iconq+ from a query log.
+
+Both split the log by query (seeded) into train / validation / test, fit on
+the training split only, and report Q-error p50/p90/p95 per split — on every
+``ok`` query, on the isolated ones and on those that ran with neighbours.
+Iconq trains its own Stage sub-model on the training split's isolated
+executions (AutoSLO §8.3.2), so the bundle it produces is self-contained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import tempfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sloctl.datasets.analysis import overlap_counts
+from sloctl.datasets.interactions import FeatureScaler, build_samples, self_vectors
+from sloctl.datasets.querylog import COLUMNS
+from sloctl.models.metrics import q_error_summary
+from sloctl.models.predictor import VARIANTS, LatencyPredictor
+from sloctl.models.stage import StageConfig, StageModel
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sloctl.config import IconqSection
+
+__all__ = ["TrainResult", "data_hash", "evaluate_predictor", "split_rows", "train_iconq", "train_stage"]
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass
+class TrainResult:
+    """A trained predictor with what MLflow records about it."""
+
+    predictor: LatencyPredictor
+    metrics: dict[str, float]
+    params: dict[str, Any]
+    data_hash: str
+    splits: dict[str, np.ndarray] = field(repr=False)
+    selection_metric: str = "val_q_error_p90"
+
+
+def data_hash(log: pd.DataFrame) -> str:
+    """SHA-256 (16 hex digits) of the log's schema columns, row order included."""
+    import pandas as pd
+
+    digest = pd.util.hash_pandas_object(log[list(COLUMNS)], index=False).to_numpy().tobytes()
+    return hashlib.sha256(digest).hexdigest()[:16]
+
+
+def split_rows(n: int, val_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
+    """Seeded split of row positions by query into train / val / test."""
+    if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
+        raise ValueError("The 'val_fraction' and 'test_fraction' parameters must be >= 0 and sum to < 1, "
+                         f"got {val_fraction!r} and {test_fraction!r}.")
+    order = np.random.default_rng(seed).permutation(n)
+    n_val, n_test = int(round(n * val_fraction)), int(round(n * test_fraction))
+    return {"val": np.sort(order[:n_val]), "test": np.sort(order[n_val:n_val + n_test]),
+            "train": np.sort(order[n_val + n_test:])}
+
+
+def _check_log(log: pd.DataFrame) -> None:
+    if len(log) == 0:
+        raise ValueError("The query log is empty; nothing to train or evaluate on.")
+    if not (log["status"] == "ok").any():
+        raise ValueError("The query log has no 'ok' rows; latencies are needed to train or evaluate.")
+
+
+def _summaries(prefix: str, predicted_s: np.ndarray, actual_s: np.ndarray, neighbours: np.ndarray
+               ) -> dict[str, float]:
+    out: dict[str, float] = {f"{prefix}_n": float(len(actual_s))}
+    for part, mask in (("", np.ones(len(actual_s), bool)), ("isolated_", neighbours == 0),
+                       ("concurrent_", neighbours > 0)):
+        for stat, value in q_error_summary(predicted_s[mask], actual_s[mask]).items():
+            if stat != "mean":
+                out[f"{prefix}_{part}q_error_{stat}"] = value
+    return out
+
+
+def fit_stage(log: pd.DataFrame, rows: np.ndarray, config: StageConfig, neighbours: np.ndarray) -> StageModel:
+    """Stage fitted on the isolated ``ok`` executions among ``rows``."""
+    ok = (log["status"].to_numpy() == "ok") & (neighbours == 0)
+    chosen = np.asarray(rows)[ok[rows]]
+    if len(chosen) < 2:
+        raise ValueError(
+            f"Stage needs isolated executions (ok queries with no neighbour) in the training split; found "
+            f"{len(chosen)}. Collect an isolated workload too (sloctl collect --workload isolated).")
+    frame = log.iloc[chosen]
+    return StageModel(config).fit(frame, frame["latency_s"].to_numpy())
+
+
+def train_stage(log: pd.DataFrame, config: StageConfig, *, val_fraction: float = 0.15,
+                test_fraction: float = 0.15, seed: int = 0, callbacks: list[Any] | None = None) -> TrainResult:
+    """Fit Stage on the training split; Q-error per split.
+
+    Stage's job is isolated latency, so it is selected on
+    ``val_isolated_q_error_p90``.
+    """
+    _check_log(log)
+    splits = split_rows(len(log), val_fraction, test_fraction, seed)
+    neighbours = overlap_counts(log).to_numpy()
+    ok = log["status"].to_numpy() == "ok"
+    stage = fit_stage(log, splits["train"], config, neighbours)
+    if callbacks:  # refit with an eval set so that tuners can prune on it
+        val_iso = splits["val"][ok[splits["val"]] & (neighbours[splits["val"]] == 0)]
+        train_iso = splits["train"][ok[splits["train"]] & (neighbours[splits["train"]] == 0)]
+        if len(val_iso):
+            frame = log.iloc[train_iso]
+            stage = StageModel(config).fit(frame, frame["latency_s"].to_numpy(), callbacks=callbacks,
+                                           eval_set=(log.iloc[val_iso], log["latency_s"].to_numpy()[val_iso]))
+    predicted = stage.predict(log)
+    actual = log["latency_s"].to_numpy()
+    metrics: dict[str, float] = {}
+    for name in SPLITS:
+        rows = splits[name][ok[splits[name]]]
+        metrics.update(_summaries(name, predicted[rows], actual[rows], neighbours[rows]))
+    return TrainResult(predictor=LatencyPredictor(stage), metrics=metrics,
+                       params={"model": "stage", **asdict(config), "val_fraction": val_fraction,
+                               "test_fraction": test_fraction, "split_seed": seed},
+                       data_hash=data_hash(log), splits=splits, selection_metric="val_isolated_q_error_p90")
+
+
+def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection, *,
+                callbacks: list[Any] | None = None, progress: bool = False,
+                on_epoch: Callable[[int, float], None] | None = None) -> TrainResult:
+    """Train an Iconq variant (with its own Stage) on the training split.
+
+    Args:
+        log: a validated query log.
+        stage_config: settings of the Stage sub-model.
+        cfg: variant, network size, optimiser, split.
+        callbacks: extra Lightning callbacks (e.g. Optuna pruning).
+        progress: show Lightning's progress bar.
+        on_epoch: called with (epoch, val_loss) after each validation.
+    """
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from sloctl.models.iconq import IconqConfig
+    from sloctl.training.batches import IconqDataset
+    from sloctl.training.lightning import EpochReporter, IconqDataModule, IconqLightning, predict_dataset
+
+    _check_log(log)
+    _quiet_lightning()
+    variant = VARIANTS[cfg.variant]
+    splits = split_rows(len(log), cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    neighbours = overlap_counts(log).to_numpy()
+    stage = fit_stage(log, splits["train"], stage_config, neighbours)
+    stage_s = stage.predict(log)
+    scaler = FeatureScaler.fit(log.iloc[splits["train"]])
+    plan = scaler.transform(log)
+    arrival = log["arrival_s"].to_numpy(dtype=float)
+    size = log["cluster_size"].to_numpy(dtype=float)
+    own = self_vectors(plan, stage_s, size, variant.size_features)
+
+    def dataset(rows: np.ndarray, censored: bool, seed: int) -> IconqDataset:
+        samples = build_samples(log, rows, censored=censored, partial_per_query=cfg.partial_per_query, seed=seed)
+        return IconqDataset(samples, own, plan, stage_s, arrival, size, variant.size_features)
+
+    train_ds = dataset(splits["train"], variant.censored, cfg.seed)
+    val_ds = dataset(splits["val"], variant.censored, cfg.seed + 1)
+    if len(train_ds) == 0 or len(val_ds) == 0:
+        raise ValueError(f"Too few queries to train Iconq: {len(train_ds)} training and {len(val_ds)} validation "
+                         "samples; collect a longer log.")
+    net_config = IconqConfig(pair_dim=train_ds[0]["before"].shape[1], self_dim=own.shape[1],
+                             embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim, head_dim=cfg.head_dim,
+                             dropout=cfg.dropout, after_order=variant.after_order)
+    L.seed_everything(cfg.seed, verbose=False)
+    module = IconqLightning(asdict(net_config), lr=cfg.lr, weight_decay=cfg.weight_decay, lr_gamma=cfg.lr_gamma)
+    epoch_hook = [EpochReporter(on_epoch)] if on_epoch else []
+    with tempfile.TemporaryDirectory(prefix="sloctl-iconq-") as ckpt_dir:
+        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, monitor="val_loss", mode="min", save_top_k=1)
+        trainer = L.Trainer(
+            max_epochs=cfg.max_epochs, accelerator="cpu", devices=1, logger=False, deterministic=True,
+            gradient_clip_val=cfg.grad_clip, enable_progress_bar=progress, enable_model_summary=False,
+            num_sanity_val_steps=0, default_root_dir=ckpt_dir,
+            callbacks=[EarlyStopping("val_loss", patience=cfg.patience, mode="min"), checkpoint,
+                       *epoch_hook, *(callbacks or [])])
+        trainer.fit(module, datamodule=IconqDataModule(train_ds, val_ds, cfg.batch_size, cfg.seed))
+        if checkpoint.best_model_path:
+            state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
+            module.load_state_dict(state)
+        epochs = trainer.current_epoch
+    net = module.net.eval()
+    predictor = LatencyPredictor(stage, scaler, net, variant)
+    metrics: dict[str, float] = {"epochs": float(epochs), "best_val_loss": float(checkpoint.best_model_score or np.nan)}
+    actual = log["latency_s"].to_numpy()
+    ok = log["status"].to_numpy() == "ok"
+    for name in SPLITS:
+        rows = splits[name][ok[splits[name]]]
+        ds = dataset(rows, False, 0)
+        pred = np.exp(predict_dataset(net, ds))
+        eval_rows = np.array([item["row"] for item in ds.items], dtype=np.int64)
+        metrics.update(_summaries(name, pred, actual[eval_rows], neighbours[eval_rows]))
+    params = {"model": "iconq", "variant": variant.name, **{f"iconq_{k}": v for k, v in asdict(cfg).items()},
+              **{f"stage_{k}": v for k, v in asdict(stage_config).items()}}
+    return TrainResult(predictor=predictor, metrics=metrics, params=params, data_hash=data_hash(log), splits=splits)
+
+
+def _quiet_lightning() -> None:
+    """Keep Lightning's start-up banners and tips out of sloctl's output."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+
+
+def evaluate_predictor(predictor: LatencyPredictor, log: pd.DataFrame) -> dict[str, Any]:
+    """Q-error of ``predictor`` on the ``ok`` rows of ``log`` (neighbours as logged)."""
+    _check_log(log)
+    predicted = predictor.predict(log, neighbours="overlap")
+    ok = log["status"].to_numpy() == "ok"
+    neighbours = overlap_counts(log).to_numpy()
+    summary = q_error_summary(predicted[ok], log["latency_s"].to_numpy()[ok])
+    concurrent = ok & (neighbours > 0)
+    return {
+        "n": int(ok.sum()),
+        "q_error": {k: summary[k] for k in ("p50", "p90", "p95")},
+        "n_concurrent": int(concurrent.sum()),
+        "q_error_concurrent": {k: v for k, v in q_error_summary(
+            predicted[concurrent], log["latency_s"].to_numpy()[concurrent]).items() if k != "mean"},
+    }
