@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from sloctl.datasets.workloads import Workload
 
-__all__ = ["CollectResult", "collect", "run_on_cluster"]
+__all__ = ["CollectResult", "collect", "concat_logs", "run_on_cluster"]
 
 #: Lead time before the first arrival, so it is not late by construction.
 _LEAD_S = 0.05
@@ -207,3 +207,25 @@ def collect(
         explain_con.close()
     df = validate_log(pd.DataFrame(rows), source="collected log")
     return CollectResult(log=df, dispatch_lag_s=lags, spin_up_s=spin_up_s)
+
+
+def concat_logs(logs: list[pd.DataFrame], labels: list[str] | None = None) -> pd.DataFrame:
+    """Join logs of separate runs into one: ids renumbered, cluster ids kept apart.
+
+    Each run has its own clock and its own clusters, so every part's
+    ``cluster_id`` gets a suffix (its label, or its index) and queries from
+    different parts are never neighbours.
+    """
+    import pandas as pd
+
+    from sloctl.datasets.querylog import validate_log
+
+    parts, offset = [], 0
+    for index, log in enumerate(logs):
+        label = labels[index] if labels else str(index)
+        part = log.copy()
+        part["query_id"] = part["query_id"] - part["query_id"].min() + offset if len(part) else part["query_id"]
+        part["cluster_id"] = part["cluster_id"].astype(str) + f"-{label}"
+        offset += len(part)
+        parts.append(part)
+    return validate_log(pd.concat(parts, ignore_index=True), source="joined log")

@@ -106,7 +106,8 @@ class StageModel:
             min_data_in_bin=1, random_state=config.seed, deterministic=True, n_jobs=1, verbose=-1)
         fit_kwargs: dict[str, Any] = {}
         if eval_set is not None:
-            fit_kwargs["eval_set"] = [(self._matrix(eval_set[0]), np.log(np.asarray(eval_set[1], dtype=float)))]
+            fit_kwargs["eval_X"] = (self._matrix(eval_set[0]),)
+            fit_kwargs["eval_y"] = (np.log(np.asarray(eval_set[1], dtype=float)),)
             fit_kwargs["eval_metric"] = "l1"
         if callbacks:
             fit_kwargs["callbacks"] = callbacks

@@ -229,11 +229,13 @@ def config_show(config: Path | None = ConfigOption) -> None:
 def demo_cmd(
     config: Path | None = ConfigOption,
     data_dir: Path | None = typer.Option(None, help="Where databases live."),
+    train: bool = typer.Option(True, help="Train and register Stage and Iconq+ on the demo log."),
 ) -> None:
-    """Generate a small TPC-H database, collect a short log on sizes 1 and 2, report."""
-    from sloctl.demo import run_demo
+    """Collect a short TPC-H log on sizes 1 and 2, report interference, train and register the models."""
+    from sloctl.demo import run_demo, train_demo_models
 
-    summary, paths = run_demo(_config(config), data_dir=data_dir, log=_echo)
+    cfg = _config(config)
+    summary, paths = run_demo(cfg, data_dir=data_dir, log=_echo)
     _print_summary(summary)
     for size, group in summary.groupby("cluster_size"):
         slowdown = group["slowdown"].dropna()
@@ -242,6 +244,21 @@ def demo_cmd(
                        f"(max {slowdown.max():.2f}x) over {len(slowdown)} templates")
     for path in paths:
         typer.echo(f"wrote {path}")
+    if train:
+        rows = train_demo_models(cfg, paths[0], log=_echo)
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table(title="Latency models on held-out demo queries (Q-error)")
+        for column in ("model", "version", "champion", "p50", "p90", "p95", "with neighbours p90"):
+            table.add_column(column, justify="left" if column == "model" else "right")
+        for row in rows:
+            table.add_row(row["model"], row["version"], "yes" if row["champion"] else "no",
+                          *(f"{row[f'test_{s}']:.3f}" for s in ("p50", "p90", "p95")),
+                          f"{row['test_concurrent_p90']:.3f} (n={row['n_test_concurrent']:.0f})")
+        Console().print(table)
+        typer.echo(f"models registered in {cfg.registry.tracking_uri} "
+                   "(try: sloctl evaluate predictor --log reports/demo_log.parquet --json)")
 
 
 def _read_training_log(path: Path):
@@ -465,10 +482,17 @@ def _tune(model: str, log: Path, trials: int, storage: str | None, study_name: s
 
 
 def main() -> None:
-    """Entry point: run the CLI; sloctl's own errors exit 2 with one clear line."""
+    """Entry point: run the CLI; bad input exits 2 with one clear line.
+
+    Set ``SLOCTL_DEBUG=1`` to see the full traceback instead.
+    """
+    import os
+
     try:
         app()
-    except SloctlError as exc:
+    except (SloctlError, ValueError) as exc:
+        if os.environ.get("SLOCTL_DEBUG"):
+            raise
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
 

@@ -20,6 +20,7 @@ import numpy as np
 from sloctl.datasets.analysis import overlap_counts
 from sloctl.datasets.interactions import FeatureScaler, build_samples, self_vectors
 from sloctl.datasets.querylog import COLUMNS
+from sloctl.errors import QueryLogError
 from sloctl.models.metrics import q_error_summary
 from sloctl.models.predictor import VARIANTS, LatencyPredictor
 from sloctl.models.stage import StageConfig, StageModel
@@ -67,16 +68,17 @@ def split_rows(n: int, val_fraction: float, test_fraction: float, seed: int) -> 
 
 def _check_log(log: pd.DataFrame) -> None:
     if len(log) == 0:
-        raise ValueError("The query log is empty; nothing to train or evaluate on.")
+        raise QueryLogError("The query log is empty; nothing to train or evaluate on.")
     if not (log["status"] == "ok").any():
-        raise ValueError("The query log has no 'ok' rows; latencies are needed to train or evaluate.")
+        raise QueryLogError("The query log has no 'ok' rows; latencies are needed to train or evaluate.")
 
 
 def _summaries(prefix: str, predicted_s: np.ndarray, actual_s: np.ndarray, neighbours: np.ndarray
                ) -> dict[str, float]:
-    out: dict[str, float] = {f"{prefix}_n": float(len(actual_s))}
+    out: dict[str, float] = {}
     for part, mask in (("", np.ones(len(actual_s), bool)), ("isolated_", neighbours == 0),
                        ("concurrent_", neighbours > 0)):
+        out[f"{prefix}_{part}n"] = float(mask.sum())
         for stat, value in q_error_summary(predicted_s[mask], actual_s[mask]).items():
             if stat != "mean":
                 out[f"{prefix}_{part}q_error_{stat}"] = value
