@@ -1,6 +1,7 @@
-"""Learned models: the Iconq+ latency predictor (AutoSLO, section 4).
+"""Latency models: Stage (isolated latency), Iconq+ (AutoSLO §4), and Q-error.
 
-torch loads on first use of the names below, so importing this package stays cheap.
+torch and lightgbm load on first use of the names below, so importing this
+package stays cheap.
 """
 
 from __future__ import annotations
@@ -8,13 +9,30 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["IconqConfig", "IconqNet", "IncrementalIconq", "qerror_loss"]
+__all__ = [
+    "IconqConfig",
+    "IconqNet",
+    "IncrementalIconq",
+    "LatencyPredictor",
+    "StageConfig",
+    "StageModel",
+    "VARIANTS",
+    "q_error",
+    "q_error_summary",
+    "qerror_loss",
+]
 
 _WHERE = {
     "IconqConfig": "iconq",
     "IconqNet": "iconq",
     "IncrementalIconq": "iconq",
     "qerror_loss": "iconq",
+    "LatencyPredictor": "predictor",
+    "VARIANTS": "predictor",
+    "StageConfig": "stage",
+    "StageModel": "stage",
+    "q_error": "metrics",
+    "q_error_summary": "metrics",
 }
 
 

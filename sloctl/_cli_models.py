@@ -1,0 +1,232 @@
+"""``sloctl train | evaluate | predict | tune``: the latency-model commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from sloctl._cli_common import ConfigOption, echo, load_cli_config
+from sloctl.datasets.querylog import read_log
+
+__all__ = ["evaluate_app", "predict_cmd", "train_app", "tune_app"]
+
+train_app = typer.Typer(help="Train latency models (Stage, Iconq+) from query logs; register them in MLflow.",
+                        no_args_is_help=True)
+evaluate_app = typer.Typer(help="Score models on query logs.", no_args_is_help=True)
+tune_app = typer.Typer(help="Optuna studies of model hyper-parameters (resumable).", no_args_is_help=True)
+
+
+def _print_metrics(title: str, metrics: dict[str, float]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("split", "n", "p50", "p90", "p95", "isolated p90", "concurrent p90"):
+        table.add_column(column, justify="right")
+
+    def fmt(key: str) -> str:
+        value = metrics.get(key, float("nan"))
+        return "-" if value != value else f"{value:.3f}"
+
+    for split in ("train", "val", "test"):
+        table.add_row(split, f"{metrics.get(f'{split}_n', 0):.0f}", fmt(f"{split}_q_error_p50"),
+                      fmt(f"{split}_q_error_p90"), fmt(f"{split}_q_error_p95"),
+                      fmt(f"{split}_isolated_q_error_p90"), fmt(f"{split}_concurrent_q_error_p90"))
+    Console(stderr=True).print(table)
+
+
+def _finish_training(result, log, name: str, log_path: Path, cfg, register: bool, out: Path | None) -> None:
+    import json
+
+    if out is not None:
+        from sloctl.training.artifacts import save_predictor
+
+        save_predictor(result.predictor, out)
+        echo(f"Saved the model bundle to {out}.")
+    summary = {"model": name, "data_hash": result.data_hash,
+               **{split: {stat: result.metrics[f"{split}_q_error_{stat}"] for stat in ("p50", "p90", "p95")}
+                  for split in ("val", "test")}}
+    if register:
+        from sloctl.training.registry import register as register_model
+
+        reg = register_model(result, log, name=name, tracking_uri=cfg.registry.tracking_uri,
+                             experiment=cfg.registry.experiment, log_path=str(log_path))
+        echo(f"Registered {name} v{reg.version} (run {reg.run_id}); champion: {reg.champion} — {reg.reason}.")
+        summary.update({"version": reg.version, "run_id": reg.run_id, "champion": reg.champion})
+    typer.echo(json.dumps(summary))
+
+
+@train_app.command("stage")
+def train_stage_cmd(
+    log: Path = typer.Option(..., "--log", "-l", help="Query log (Parquet)."),
+    config: Path | None = ConfigOption,
+    register: bool = typer.Option(True, help="Log the run and register the model in MLflow."),
+    out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
+) -> None:
+    """Train Stage (LightGBM, isolated executions) and register it as 'stage'."""
+    from sloctl.training.pipeline import train_stage
+
+    cfg = load_cli_config(config)
+    frame = read_log(log)
+    result = train_stage(frame, cfg.stage, val_fraction=cfg.iconq.val_fraction,
+                         test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed)
+    _print_metrics(f"Stage Q-error on {log}", result.metrics)
+    _finish_training(result, frame, "stage", log, cfg, register, out)
+
+
+@train_app.command("iconq")
+def train_iconq_cmd(
+    log: Path = typer.Option(..., "--log", "-l", help="Query log (Parquet)."),
+    variant: str | None = typer.Option(None, help="iconq, size, censored or iconq_plus (config: iconq.variant)."),
+    max_epochs: int | None = typer.Option(None, help="Epoch limit (early stopping may end sooner)."),
+    seed: int | None = typer.Option(None, help="Seed of the split, sampling and initialisation."),
+    config: Path | None = ConfigOption,
+    register: bool = typer.Option(True, help="Log the run and register the model in MLflow."),
+    out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
+    progress: bool = typer.Option(False, help="Show Lightning's progress bar."),
+) -> None:
+    """Train an Iconq variant (with its own Stage) and register it as 'iconq'."""
+    import dataclasses
+
+    from sloctl.training.pipeline import train_iconq
+
+    cfg = load_cli_config(config)
+    overrides = {k: v for k, v in {"variant": variant, "max_epochs": max_epochs, "seed": seed}.items()
+                 if v is not None}
+    if "variant" in overrides and overrides["variant"] not in ("iconq", "size", "censored", "iconq_plus"):
+        raise typer.BadParameter(f"expected iconq, size, censored or iconq_plus; got {variant!r}",
+                                 param_hint="--variant")
+    iconq_cfg = dataclasses.replace(cfg.iconq, **overrides)
+    frame = read_log(log)
+    result = train_iconq(frame, cfg.stage, iconq_cfg, progress=progress,
+                         on_epoch=None if progress else lambda e, v: echo(f"epoch {e:3d}  val_loss {v:.4f}"))
+    _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {log}", result.metrics)
+    _finish_training(result, frame, "iconq", log, cfg, register, out)
+
+
+@evaluate_app.command("predictor")
+def evaluate_predictor_cmd(
+    log: Path = typer.Option(..., "--log", "-l", help="Query log to score on (its ok rows)."),
+    model: str = typer.Option("models:/iconq@champion", help="models:/NAME@ALIAS, models:/NAME/VERSION or a bundle."),
+    as_json: bool = typer.Option(False, "--json", help="Print {n, q_error: {p50, p90, p95}} as JSON."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Q-error of a Stage or Iconq model on a log, each query with its logged neighbours."""
+    import json
+
+    from sloctl.datasets.querylog import read_metadata
+    from sloctl.training.artifacts import check_log_schema
+    from sloctl.training.pipeline import evaluate_predictor
+    from sloctl.training.registry import load_model
+
+    cfg = load_cli_config(config)
+    frame = read_log(log)
+    predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
+    check_log_schema(predictor, read_metadata(log), str(log))
+    result = evaluate_predictor(predictor, frame)
+    if as_json:
+        typer.echo(json.dumps({"n": result["n"], "q_error": result["q_error"],
+                               "n_concurrent": result["n_concurrent"],
+                               "q_error_concurrent": result["q_error_concurrent"]}))
+    else:
+        q = result["q_error"]
+        typer.echo(f"{model} on {log}: n={result['n']}  Q-error p50 {q['p50']:.3f}  p90 {q['p90']:.3f}  "
+                   f"p95 {q['p95']:.3f}  (with neighbours: n={result['n_concurrent']}, "
+                   f"p90 {result['q_error_concurrent']['p90']:.3f})")
+
+
+def predict_cmd(
+    template: str = typer.Option(..., help="The query's template, e.g. tpch-q05."),
+    size: int = typer.Option(..., help="Cluster size it would run on."),
+    neighbour: list[str] = typer.Option([], "--neighbour", "-n",
+                                        help="TEMPLATE@OFFSET_S: a neighbour arriving OFFSET_S seconds after "
+                                             "the query (negative: before, still running). Repeatable."),
+    model: str = typer.Option("models:/iconq@champion", help="Model URI or bundle folder."),
+    benchmark: str = typer.Option("tpch", help="tpch or tpcds (for plan features)."),
+    sf: float = typer.Option(0.1, "--sf", help="Scale factor of the database the plans come from."),
+    data_dir: Path | None = typer.Option(None, help="Where databases live."),
+    as_json: bool = typer.Option(False, "--json"),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Predict one query's latency on a cluster size, given its neighbours."""
+    import json
+
+    from sloctl.datasets.tpc import template_frame
+    from sloctl.training.registry import load_model
+
+    cfg = load_cli_config(config)
+    offsets = []
+    for item in neighbour:
+        name, sep, offset = item.rpartition("@")
+        try:
+            offsets.append((name, float(offset)))
+        except ValueError:
+            raise typer.BadParameter(f"expected TEMPLATE@OFFSET_S like tpch-q01@-0.5; got {item!r}",
+                                     param_hint="--neighbour") from None
+        if not sep or not name:
+            raise typer.BadParameter(f"expected TEMPLATE@OFFSET_S; got {item!r}", param_hint="--neighbour")
+    if size < 1:
+        raise typer.BadParameter(f"must be >= 1; got {size}", param_hint="--size")
+    frame = template_frame(benchmark, sf, data_dir or cfg.warehouse.data_dir, [(template, 0.0), *offsets], size)
+    predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
+    seconds = predictor.predict(frame, neighbours="all")
+    isolated = predictor.stage.predict(frame)
+    result = {"template": template, "cluster_size": size, "latency_s": float(seconds[0]),
+              "isolated_latency_s": float(isolated[0]), "n_neighbours": len(offsets), "model": model}
+    if as_json:
+        typer.echo(json.dumps(result))
+    else:
+        typer.echo(f"{template} on size {size} with {len(offsets)} neighbour(s): {seconds[0]:.4f} s "
+                   f"(isolated estimate {isolated[0]:.4f} s)")
+
+
+@tune_app.command("stage")
+def tune_stage_cmd(
+    log: Path = typer.Option(..., "--log", "-l", help="Query log (Parquet)."),
+    trials: int = typer.Option(20, help="Trials to add in this run."),
+    storage: str | None = typer.Option(None, help="Optuna storage (config: registry.optuna_storage)."),
+    study_name: str = typer.Option("stage", help="Study name; an existing study is resumed."),
+    seed: int = typer.Option(0, help="Sampler seed."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Tune Stage's LightGBM settings on validation Q-error (isolated p90)."""
+    _tune("stage", log, trials, storage, study_name, seed, 0, config)
+
+
+@tune_app.command("iconq")
+def tune_iconq_cmd(
+    log: Path = typer.Option(..., "--log", "-l", help="Query log (Parquet)."),
+    trials: int = typer.Option(10, help="Trials to add in this run."),
+    storage: str | None = typer.Option(None, help="Optuna storage (config: registry.optuna_storage)."),
+    study_name: str = typer.Option("iconq", help="Study name; an existing study is resumed."),
+    seed: int = typer.Option(0, help="Sampler seed."),
+    max_epochs: int = typer.Option(30, help="Epoch limit per trial."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Tune Iconq+ (width, dropout, learning rate, batch) on validation Q-error p90."""
+    _tune("iconq", log, trials, storage, study_name, seed, max_epochs, config)
+
+
+def _tune(model: str, log: Path, trials: int, storage: str | None, study_name: str, seed: int,
+          max_epochs: int, config: Path | None) -> None:
+    import json
+
+    from sloctl.training.tune import tune
+
+    if trials < 1:
+        raise typer.BadParameter(f"must be >= 1; got {trials}", param_hint="--trials")
+    cfg = load_cli_config(config)
+    frame = read_log(log)
+
+    def on_trial(number: int, value, state: str) -> None:
+        shown = "-" if value is None else f"{value:.4f}"
+        echo(f"trial {number:3d}  {state:<8} {shown}")
+
+    result = tune(model, frame, cfg, trials=trials, storage=storage or cfg.registry.optuna_storage,
+                  study_name=study_name, seed=seed, max_epochs=max_epochs, on_trial=on_trial)
+    typer.echo(json.dumps({"study": result.study_name, "n_trials": result.n_trials, "n_new": result.n_new,
+                           "best_value": result.best_value, "best_params": result.best_params,
+                           "mlflow_run_id": result.mlflow_run_id}))
+
+
