@@ -317,6 +317,26 @@ class IncrementalIconq:
         self._guard_s[slot] = raw_s
         return raw_s
 
+    def _step(self, slots: list[int], pair_x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One after-LSTM step for ``slots``; returns (idx, h, c) without storing them."""
+        idx = torch.tensor(slots, device=self._h.device)
+        lstm = self.net.after_lstm
+        x = self.net.pair_embed(pair_x.to(device=self._h.device, dtype=self._h.dtype))  # (K, E)
+        h, c = self._h[idx], self._c[idx]  # (K, H)
+        # One matmul for input and recurrent terms; PyTorch orders the gates i, f, g, o.
+        w = torch.cat([lstm.weight_ih_l0, lstm.weight_hh_l0], dim=1)  # (4H, E + H)
+        gates = torch.addmm(lstm.bias_ih_l0 + lstm.bias_hh_l0, torch.cat([x, h], dim=1), w.t())  # (K, 4H)
+        i, f, g, o = gates.chunk(4, dim=1)  # (K, H) each
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return idx, h, c
+
+    def _check_pairs(self, keys: list[Hashable], pair_x: Tensor) -> list[int]:
+        D = self.net.config.pair_dim
+        if pair_x.shape != (len(keys), D):
+            raise ValueError(f"'pair_x' must have shape ({len(keys)}, {D}), got {tuple(pair_x.shape)}.")
+        return self._slots(keys)
+
     @torch.no_grad()
     def add_neighbour(self, keys: Sequence[Hashable], pair_x: Tensor) -> np.ndarray:
         """Account for a new arrival that overlaps the running queries ``keys``.
@@ -329,25 +349,50 @@ class IncrementalIconq:
             Guarded predicted latencies of ``keys`` in seconds, (K,).
         """
         keys = list(keys)
-        D = self.net.config.pair_dim
-        if pair_x.shape != (len(keys), D):
-            raise ValueError(f"'pair_x' must have shape ({len(keys)}, {D}), got {tuple(pair_x.shape)}.")
-        slots = self._slots(keys)
+        slots = self._check_pairs(keys, pair_x)
         if not slots:
             return np.zeros(0)
-        idx = torch.tensor(slots, device=self._h.device)
-        lstm = self.net.after_lstm
-        x = self.net.pair_embed(pair_x.to(device=self._h.device, dtype=self._h.dtype))  # (K, E)
-        h, c = self._h[idx], self._c[idx]  # (K, H)
-        # One matmul for input and recurrent terms; PyTorch orders the gates i, f, g, o.
-        w = torch.cat([lstm.weight_ih_l0, lstm.weight_hh_l0], dim=1)  # (4H, E + H)
-        gates = torch.addmm(lstm.bias_ih_l0 + lstm.bias_hh_l0, torch.cat([x, h], dim=1), w.t())  # (K, 4H)
-        i, f, g, o = gates.chunk(4, dim=1)  # (K, H) each
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
+        idx, h, c = self._step(slots, pair_x)
         self._h[idx] = h
         self._c[idx] = c
         return self._guarded(slots, self._raw_log(idx), None)
+
+    @torch.no_grad()
+    def peek_neighbour(self, keys: Sequence[Hashable], pair_x: Tensor,
+                       elapsed_s: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
+        """What :meth:`add_neighbour` would predict (guarded), without changing any state.
+
+        This is the counterfactual a router needs: the running queries'
+        latencies if a newcomer joined them (AutoSLO Algorithm 1, line 5).
+        """
+        keys = list(keys)
+        slots = self._check_pairs(keys, pair_x)
+        if not slots:
+            return np.zeros(0)
+        idx, h, _ = self._step(slots, pair_x)
+        raw_log = self.net.head_log(self._self_e[idx], self._h_before[idx], h, self._base_log[idx])
+        out = np.maximum(np.exp(raw_log.cpu().double().numpy()), self._guard_s[slots])
+        if elapsed_s is not None:
+            out = np.maximum(out, np.asarray(elapsed_s, dtype=np.float64))
+        return out
+
+    @torch.no_grad()
+    def peek_queries(self, self_x: Tensor, before_x: Tensor, before_len: Tensor, base_log: Tensor) -> np.ndarray:
+        """Raw predicted latencies (seconds) of hypothetical new queries, batched; no state changes.
+
+        Args:
+            self_x: (B, S) own features of each hypothetical query.
+            before_x: (B, T, D) interactions with the running queries it would join, padded.
+            before_len: (B,) valid steps per row.
+            base_log: (B,) log Stage estimates.
+        """
+        net = self.net
+        dtype, device = self._h.dtype, self._h.device
+        self_e = net.self_embed(self_x.to(device=device, dtype=dtype))  # (B, E)
+        h_before = net.summarize(net.before_lstm, before_x.to(device=device, dtype=dtype), before_len)  # (B, H)
+        h_after = torch.zeros_like(h_before)
+        raw_log = net.head_log(self_e, h_before, h_after, base_log.to(device=device, dtype=dtype))
+        return np.exp(raw_log.cpu().double().numpy())
 
     @torch.no_grad()
     def raw_predict(self, keys: Sequence[Hashable]) -> np.ndarray:

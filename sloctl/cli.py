@@ -16,6 +16,7 @@ from pathlib import Path
 import typer
 
 from sloctl._cli_common import ConfigOption, echo, load_cli_config, parse_sizes
+from sloctl._cli_experiments import experiment_app
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl.errors import SloctlError
 
@@ -38,6 +39,7 @@ app.add_typer(config_app, name="config")
 app.add_typer(train_app, name="train")
 app.add_typer(evaluate_app, name="evaluate")
 app.add_typer(tune_app, name="tune")
+app.add_typer(experiment_app, name="experiment")
 app.command("predict")(predict_cmd)
 
 @warehouse_app.command("generate")

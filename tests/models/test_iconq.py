@@ -224,3 +224,22 @@ def test_removed_slots_are_reused_without_leaking_state():
         inc.add_query("b", x, empty, 0.0)
     with pytest.raises(ValueError, match="distinct"):
         inc.add_neighbour(["b", "b"], torch.ones(2, D, dtype=torch.float64))
+
+
+def test_peeks_match_what_committing_would_predict_and_change_nothing():
+    torch.manual_seed(3)
+    net = IconqNet(IconqConfig(pair_dim=7, self_dim=5, embed_dim=8, hidden_dim=6, head_dim=8)).double().eval()
+    inc = IncrementalIconq(net)
+    gen = torch.Generator().manual_seed(1)
+    for key in range(3):
+        inc.add_query(key, torch.randn(5, generator=gen, dtype=torch.float64),
+                      torch.randn(key, 7, generator=gen, dtype=torch.float64), 0.1 * key)
+    pairs = torch.randn(3, 7, generator=gen, dtype=torch.float64)
+    before = inc.raw_predict([0, 1, 2])
+    peeked = inc.peek_neighbour([0, 1, 2], pairs)
+    np.testing.assert_allclose(inc.raw_predict([0, 1, 2]), before)  # nothing changed
+    np.testing.assert_allclose(inc.add_neighbour([0, 1, 2], pairs), peeked, rtol=1e-12)
+    own = torch.randn(5, generator=gen, dtype=torch.float64)
+    befores = torch.randn(3, 7, generator=gen, dtype=torch.float64)
+    expected = inc.peek_queries(own[None], befores[None], torch.tensor([3]), torch.tensor([0.2], dtype=torch.float64))
+    assert expected[0] == pytest.approx(inc.add_query(9, own, befores, 0.2), rel=1e-12)

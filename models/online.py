@@ -1,0 +1,213 @@
+"""Online latency prediction for queries as they arrive and run (AutoSLO §4.4, §5).
+
+:class:`OnlinePredictor` keeps, for every running query, the state Iconq+
+needs to update its prediction when a neighbour arrives, and answers the
+router's counterfactual question — "what would every latency be if this query
+joined that cluster?" — for all clusters in one batched step, without
+changing anything until :meth:`commit`.
+
+Queries are described by their template: plan features and Stage estimates
+per (template, cluster size) are computed once from a feature table (one row
+per template with the plan-feature columns).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from sloctl.datasets.interactions import pair_vectors, self_vectors
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sloctl.models.predictor import LatencyPredictor
+
+__all__ = ["Counterfactual", "OnlinePredictor", "RunningQuery"]
+
+
+@dataclass
+class RunningQuery:
+    """What the predictor remembers about a routed query."""
+
+    query_id: int
+    template: str
+    cluster_id: str
+    size: int
+    arrival_s: float
+    slo_s: float
+    predicted_s: float
+
+
+@dataclass
+class Counterfactual:
+    """Predictions if the new query joined one cluster.
+
+    Attributes:
+        query_s: the new query's predicted latency there.
+        running_ids: the cluster's running queries.
+        running_before_s: their current (guarded) predictions.
+        running_after_s: their predictions with the newcomer (guarded).
+    """
+
+    query_s: float
+    running_ids: list[int]
+    running_before_s: np.ndarray
+    running_after_s: np.ndarray
+
+
+class OnlinePredictor:
+    """Incremental Iconq+ (or Stage-only) predictions for live or simulated routing.
+
+    Args:
+        predictor: a trained :class:`~sloctl.models.predictor.LatencyPredictor`.
+        templates: feature table, one row per template (``template`` and the
+            plan-feature columns).
+        use_iconq: ``False`` ignores neighbours (Stage only, concurrency-unaware).
+    """
+
+    def __init__(self, predictor: LatencyPredictor, templates: pd.DataFrame, use_iconq: bool = True) -> None:
+        self.predictor = predictor
+        self.templates = templates.drop_duplicates("template").set_index("template", drop=False)
+        self.use_iconq = use_iconq and predictor.net is not None
+        if self.use_iconq and predictor.variant.after_order != "chronological":
+            raise ValueError("Online prediction needs an Iconq+ model (chronological after-pass); "
+                             f"got variant {predictor.variant.name!r}.")
+        self._features: dict[tuple[str, int], tuple[np.ndarray, float, np.ndarray]] = {}
+        self.running: dict[int, RunningQuery] = {}
+        self._by_cluster: dict[str, list[int]] = {}
+        self._inc = None
+        if self.use_iconq:
+            from sloctl.models.iconq import IncrementalIconq
+
+            self._inc = IncrementalIconq(predictor.net)
+
+    # -- features ------------------------------------------------------------
+    def features(self, template: str, size: int) -> tuple[np.ndarray, float, np.ndarray]:
+        """(scaled plan vector, Stage estimate in seconds, self vector) of a template on a size."""
+        key = (template, int(size))
+        if key not in self._features:
+            if template not in self.templates.index:
+                raise KeyError(f"Unknown template {template!r}: it is not in the feature table.")
+            row = self.templates.loc[[template]].assign(cluster_size=int(size))
+            stage_s = float(self.predictor.stage.predict(row)[0])
+            if self.use_iconq:
+                plan = self.predictor.scaler.transform(row)[0]
+                own = self_vectors(plan[None], np.array([stage_s]), np.array([size]),
+                                   self.predictor.variant.size_features)[0]
+            else:
+                plan, own = np.zeros(0), np.zeros(0)
+            self._features[key] = (plan, stage_s, own)
+        return self._features[key]
+
+    def isolated_s(self, template: str, size: int) -> float:
+        """Stage's concurrency-unaware estimate."""
+        return self.features(template, size)[1]
+
+    def _pair_blocks(self, running: list[tuple[str, float]], new: tuple[str, float], size: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        """Interaction vectors (running_i, new) and (new, running_i), each (R, D)."""
+        rows = [*running, new]
+        plan = np.stack([self.features(t, size)[0] for t, _ in rows])
+        stage = np.array([self.features(t, size)[1] for t, _ in rows])
+        arrival = np.array([a for _, a in rows])
+        sizes = np.full(len(rows), size)
+        r = len(running)
+        others, me = np.arange(r), np.full(r, r)
+        sf = self.predictor.variant.size_features
+        return (pair_vectors(plan, stage, arrival, sizes, others, me, sf),
+                pair_vectors(plan, stage, arrival, sizes, me, others, sf))
+
+    # -- the router's questions ------------------------------------------------
+    def counterfactuals(self, template: str, arrival_s: float, clusters: dict[str, int], now_s: float
+                        ) -> dict[str, Counterfactual]:
+        """Predictions if the query joined each of ``clusters`` (id -> size); nothing changes."""
+        import torch
+
+        out: dict[str, Counterfactual] = {}
+        ids = list(clusters)
+        if not self.use_iconq:
+            for cid in ids:
+                running = self._by_cluster.get(cid, [])
+                current = np.array([self.running[r].predicted_s for r in running])
+                out[cid] = Counterfactual(self.isolated_s(template, clusters[cid]), list(running), current,
+                                          current.copy())
+            return out
+        # one batched step for every running query on every cluster (Algorithm 1, line 5)
+        keys, pairs = [], []
+        befores, lengths, own, base = [], [], [], []
+        for cid in ids:
+            size = clusters[cid]
+            running = self._by_cluster.get(cid, [])
+            if running:
+                info = [(self.running[r].template, self.running[r].arrival_s) for r in running]
+                as_target, as_neighbour = self._pair_blocks(info, (template, arrival_s), size)
+                pairs.append(as_target)
+                befores.append(as_neighbour)
+                keys.extend(running)
+            else:
+                befores.append(np.zeros((0, self.predictor.net.config.pair_dim), np.float32))
+            lengths.append(len(running))
+            plan, stage_s, vec = self.features(template, size)
+            own.append(vec)
+            base.append(np.log(stage_s))
+        after = np.zeros(0)
+        if keys:
+            elapsed = np.array([max(0.0, now_s - self.running[k].arrival_s) for k in keys])
+            after = self._inc.peek_neighbour(keys, torch.from_numpy(np.concatenate(pairs)), elapsed)
+        width = max(lengths) if lengths else 0
+        before_x = np.zeros((len(ids), width, self.predictor.net.config.pair_dim), np.float32)
+        for i, b in enumerate(befores):
+            before_x[i, : len(b)] = b
+        query_s = self._inc.peek_queries(torch.from_numpy(np.stack(own)), torch.from_numpy(before_x),
+                                         torch.tensor(lengths), torch.tensor(base))
+        position = 0
+        for i, cid in enumerate(ids):
+            running = self._by_cluster.get(cid, [])
+            current = np.array([self.running[r].predicted_s for r in running])
+            out[cid] = Counterfactual(float(query_s[i]), list(running), current,
+                                      after[position:position + len(running)])
+            position += len(running)
+        return out
+
+    def commit(self, query_id: int, template: str, arrival_s: float, slo_s: float, cluster_id: str, size: int,
+               now_s: float) -> float:
+        """Record that the query runs on ``cluster_id``; returns its predicted latency."""
+        import torch
+
+        if query_id in self.running:
+            raise ValueError(f"Query {query_id} is already running.")
+        running = self._by_cluster.setdefault(cluster_id, [])
+        if self.use_iconq:
+            info = [(self.running[r].template, self.running[r].arrival_s) for r in running]
+            if running:
+                pairs, before = self._pair_blocks(info, (template, arrival_s), size)
+                elapsed = np.array([max(0.0, now_s - self.running[r].arrival_s) for r in running])
+                self._inc.add_neighbour(running, torch.from_numpy(pairs))
+                guarded = self._inc.predict(running, elapsed)
+                for r, value in zip(running, guarded, strict=True):
+                    self.running[r].predicted_s = float(value)
+            else:
+                before = np.zeros((0, self.predictor.net.config.pair_dim), np.float32)
+            plan, stage_s, vec = self.features(template, size)
+            predicted = self._inc.add_query(query_id, torch.from_numpy(vec), torch.from_numpy(before),
+                                            float(np.log(stage_s)))
+        else:
+            predicted = self.isolated_s(template, size)
+        self.running[query_id] = RunningQuery(query_id, template, cluster_id, size, arrival_s, slo_s, predicted)
+        running.append(query_id)
+        return predicted
+
+    def complete(self, query_id: int) -> None:
+        """Forget a finished query."""
+        query = self.running.pop(query_id, None)
+        if query is None:
+            return
+        self._by_cluster[query.cluster_id].remove(query_id)
+        if self._inc is not None:
+            self._inc.remove(query_id)
+
+    def running_on(self, cluster_id: str) -> list[RunningQuery]:
+        return [self.running[r] for r in self._by_cluster.get(cluster_id, [])]
