@@ -105,12 +105,18 @@ class IconqRouter:
 
     Args:
         model: an :class:`~sloctl.models.online.OnlinePredictor` (Iconq+).
+        slo_margin: count a query as violating once its predicted latency
+            exceeds ``(1 - slo_margin) × SLO``; 0 is the paper's rule. A
+            margin hedges against neighbours that have not arrived yet, which
+            a prediction made at routing time cannot see.
     """
 
     name = "iconq+cost"
 
-    def __init__(self, model: OnlineModel) -> None:
+    def __init__(self, model: OnlineModel, slo_margin: float = 0.0, cost_tolerance: float = 0.0) -> None:
         self.model = model
+        self.slo_margin = slo_margin
+        self.cost_tolerance = cost_tolerance
 
     def route(self, query: Query, clusters: list[ClusterState], now_s: float) -> RouteDecision:
         if not clusters:
@@ -121,17 +127,20 @@ class IconqRouter:
         for c in clusters:
             cf = options[c.cluster_id]
             running = self.model.running_on(c.cluster_id)
-            slo = np.array([r.slo_s for r in running])
+            slo = np.array([r.slo_s for r in running]) * (1.0 - self.slo_margin)
             arrival = np.array([r.arrival_s for r in running])
             elapsed = now_s - arrival
             before_s = np.maximum(cf.running_before_s, elapsed) if len(running) else cf.running_before_s
             v_before = int(np.sum(before_s > slo))
-            v_after = int(np.sum(cf.running_after_s > slo)) + int(cf.query_s > query.slo_s)
+            v_after = int(np.sum(cf.running_after_s > slo)) + int(cf.query_s > query.slo_s * (1.0 - self.slo_margin))
             drain_before = float(np.max(arrival + before_s)) if len(running) else now_s
             drain_after = max(float(np.max(arrival + cf.running_after_s)) if len(running) else now_s,
                               now_s + cf.query_s)
             marginal_cost = _cost_after(c, now_s, drain_after) - _cost_before(c, now_s, drain_before)
-            key = (v_after - v_before, marginal_cost)
+            marginal_latency = cf.query_s + float(np.sum(cf.running_after_s - before_s)) if len(running) else cf.query_s
+            quantum = self.cost_tolerance * c.price_per_unit_s * c.timer.minimum_s
+            cost_key = round(marginal_cost / quantum) if quantum > 0 else marginal_cost
+            key = (v_after - v_before, cost_key, marginal_latency)
             explanation[c.cluster_id] = {"predicted_s": cf.query_s, "violations_before": v_before,
                                          "violations_after": v_after, "marginal_cost": marginal_cost}
             if best_key is None or key < best_key:

@@ -39,8 +39,9 @@ def experiment_router_cmd(
         cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
         echo(f"load {s['load']:.2f} (λ={s['lambda']:.2f}/s) κ={s['kappa']:g} clusters={s['clusters']}: {cells}")
 
-    result = router_experiment(frame, predictor, RouterExperimentConfig(copies=copies, seed=seed),
-                               on_scenario=progress)
+    experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=cfg.router.slo_margin,
+                                        cost_tolerance=cfg.router.cost_tolerance)
+    result = router_experiment(frame, predictor, experiment, on_scenario=progress)
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -48,4 +49,5 @@ def experiment_router_cmd(
     echo(f"emulated world: alpha {world['alpha']}, its held-out Q-error p50 {world['heldout_q_error']['p50']:.3f} "
          f"p90 {world['heldout_q_error']['p90']:.3f}")
     for approach, delta in result["mean_delta"].items():
-        typer.echo(f"mean Δ vs {result['baseline']}: {approach:<12} VR {delta['vr']:+.1%}  cost {delta['cost']:+.1%}")
+        typer.echo(f"mean Δ vs {result['baseline']}: {approach:<12} VR {delta['vr']:+.1%} (over {delta['n_vr']} "
+                   f"scenarios with VR > 0)  cost {delta['cost']:+.1%}")

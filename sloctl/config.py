@@ -26,6 +26,7 @@ __all__ = [
     "DemoConfig",
     "IconqSection",
     "RegistrySection",
+    "RouterSection",
     "SloctlConfig",
     "WarehouseConfig",
     "WorkloadConfig",
@@ -165,6 +166,27 @@ class RegistrySection:
 
 
 @dataclass(frozen=True)
+class RouterSection:
+    """Query Router settings (AutoSLO §5) and the billing model it optimises.
+
+    Attributes:
+        slo_margin: a query counts as violating once its predicted latency
+            exceeds ``(1 - slo_margin) × SLO`` (0 is the paper's rule; a
+            margin hedges against neighbours that arrive later).
+        cost_tolerance: marginal costs closer than this fraction of a
+            minimum billing window count as equal; ties then go to the
+            placement that adds the least predicted latency.
+        price_per_unit_s: price of one size unit per second.
+        minimum_s: billing minimum window ``m`` (60 s on cloud warehouses).
+    """
+
+    slo_margin: float = 0.3
+    cost_tolerance: float = 1.0
+    price_per_unit_s: float = 1.0
+    minimum_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class SloctlConfig:
     """All sections of a sloctl configuration file."""
 
@@ -175,6 +197,7 @@ class SloctlConfig:
     stage: StageConfig = field(default_factory=StageConfig)
     iconq: IconqSection = field(default_factory=IconqSection)
     registry: RegistrySection = field(default_factory=RegistrySection)
+    router: RouterSection = field(default_factory=RouterSection)
 
 
 def load_config(path: str | Path | None = None) -> SloctlConfig:
