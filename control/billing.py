@@ -39,6 +39,12 @@ class BillingTimer:
         self._idle_since = 0.0
         self._now = -math.inf
 
+    def copy(self) -> BillingTimer:
+        """An independent timer in the same state (for what-if simulations)."""
+        twin = BillingTimer(self.minimum_s)
+        twin.__dict__.update(self.__dict__)
+        return twin
+
     @property
     def is_running(self) -> bool:
         return self._start is not None

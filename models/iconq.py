@@ -240,6 +240,17 @@ class IncrementalIconq:
     def __len__(self) -> int:
         return len(self._slot)
 
+    def fork(self) -> IncrementalIconq:
+        """An independent copy of every running query's state, sharing the network."""
+        twin = IncrementalIconq.__new__(IncrementalIconq)
+        twin.net = self.net
+        twin._slot = dict(self._slot)
+        twin._free = list(self._free)
+        for name in ("_self_e", "_h_before", "_h", "_c", "_base_log"):
+            setattr(twin, name, getattr(self, name).clone())
+        twin._guard_s = self._guard_s.copy()
+        return twin
+
     def __contains__(self, key: object) -> bool:
         return key in self._slot
 

@@ -84,6 +84,16 @@ class OnlinePredictor:
 
             self._inc = IncrementalIconq(predictor.net)
 
+    def fork(self) -> OnlinePredictor:
+        """An independent copy of the running state (features and the model are shared)."""
+        import copy
+
+        twin = copy.copy(self)
+        twin.running = {k: copy.copy(v) for k, v in self.running.items()}
+        twin._by_cluster = {k: list(v) for k, v in self._by_cluster.items()}
+        twin._inc = self._inc.fork() if self._inc is not None else None
+        return twin
+
     # -- features ------------------------------------------------------------
     def features(self, template: str, size: int) -> tuple[np.ndarray, float, np.ndarray]:
         """(scaled plan vector, Stage estimate in seconds, self vector) of a template on a size."""

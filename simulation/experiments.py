@@ -25,7 +25,14 @@ if TYPE_CHECKING:
 
     from sloctl.models.predictor import LatencyPredictor
 
-__all__ = ["RouterExperimentConfig", "mean_delta", "router_experiment", "slo_baselines"]
+__all__ = [
+    "RouterExperimentConfig",
+    "ScalingExperimentConfig",
+    "mean_delta",
+    "router_experiment",
+    "scaling_experiment",
+    "slo_baselines",
+]
 
 
 @dataclass(frozen=True)
@@ -135,4 +142,129 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                   "heldout_q_error": report.heldout_q_error,
                   "heldout_q_error_concurrent": report.heldout_q_error_concurrent},
         "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": cfg.copies},
+    }
+
+
+@dataclass(frozen=True)
+class ScalingExperimentConfig:
+    """Scenarios of Tables 3-4, scaled: one starting cluster, overloaded at first.
+
+    Attributes:
+        loads: offered load as a fraction of one size-1 cluster's capacity.
+        kappas: SLO multipliers.
+        start_sizes: the single starting cluster's size.
+        copies: copies of every template in BaseWorkload.
+        minimum_s, spinup_delay_s, window_s, t_idle_s, t_min_lifetime_s: in
+            units of the mean isolated latency on size 1 (the paper's 60 s,
+            300 s, ... against its query latencies).
+        queue_n: N of the Queue@N trigger baseline.
+    """
+
+    loads: tuple[float, ...] = (1.0, 1.4)
+    kappas: tuple[float, ...] = (4.0, 2.0)
+    start_sizes: tuple[int, ...] = (1, 2)
+    copies: int = 10
+    minimum_s: float = 5.0
+    spinup_delay_s: float = 20.0
+    window_s: float = 20.0
+    t_idle_s: float = 50.0
+    t_min_lifetime_s: float = 200.0
+    theta: int = 10
+    tau_trigger: float = 0.1
+    tau_target: float = 0.05
+    mu: int = 20
+    queue_n: int = 8
+    candidate_sizes: tuple[int, ...] = (1, 2)
+    seed: int = 0
+    slo_margin: float = 0.3
+    cost_tolerance: float = 1.0
+
+
+def _scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig):
+    world, report = calibrate(log, seed=cfg.seed)
+    sizes = sorted(set(cfg.start_sizes) | set(cfg.candidate_sizes))
+    slo_ref = slo_baselines(log, min(sizes))
+    templates = [t for t in world.templates() if t in slo_ref and all((t, s) in world.isolated_s for s in sizes)]
+    if not templates:
+        raise ValueError(f"The log has no template with isolated runs on every size {sizes}.")
+    mean_iso = float(np.mean([world.isolated_s[(t, min(sizes))] for t in templates]))
+    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
+    return world, report, slo_ref, templates, mean_iso, table
+
+
+def _run_scaling(kind: str, approach: str, world, predictor, table, queries, start_size: int, cfg, mean_iso: float):
+    from sloctl.control.autoscaler import Autoscaler, AutoscalerConfig, QueueTrigger, SpinupTrigger
+    from sloctl.models.online import OnlinePredictor
+
+    def make_router(model):
+        return IconqRouter(model, slo_margin=cfg.slo_margin, cost_tolerance=cfg.cost_tolerance)
+
+    router = make_router(OnlinePredictor(predictor, table))
+    scaled = AutoscalerConfig(window_s=cfg.window_s * mean_iso, t_idle_s=cfg.t_idle_s * mean_iso,
+                              t_min_lifetime_s=cfg.t_min_lifetime_s * mean_iso, theta=cfg.theta,
+                              tau_trigger=cfg.tau_trigger, mu=cfg.mu, tau_target=cfg.tau_target,
+                              candidate_sizes=cfg.candidate_sizes, spinup_delay_s=cfg.spinup_delay_s * mean_iso)
+    minimum_s = cfg.minimum_s * mean_iso
+    n = len(queries)
+    if kind == "sizer":
+        mode = {"no-op": "none", "horizontal": "horizontal", "vertical+ours": "vertical", "add+ours": "add"}[approach]
+        autoscaler = Autoscaler(scaled, None, router, make_router, mode=mode, minimum_s=minimum_s, teardown=False)
+        sim = WarehouseSimulator(world, [("c0", start_size)], router, minimum_s=minimum_s, seed=cfg.seed,
+                                 autoscaler=autoscaler, force_scaling_at=int(0.2 * n), mark_at=(int(0.8 * n),))
+        out = sim.run(queries)
+        last = out.queries.sort_values("arrival_s").iloc[int(0.8 * n):]
+        return {"vr": float(last["violated"].mean()), "cost": out.cost_since(int(0.8 * n)),
+                "clusters": sorted(set(out.queries["cluster_size"].astype(int)))}
+    trigger = {"no-op": None, "queue": QueueTrigger(cfg.queue_n),
+               "observed": SpinupTrigger(cfg.theta, cfg.tau_trigger, observed_only=True),
+               "ours": SpinupTrigger(cfg.theta, cfg.tau_trigger)}[approach]
+    autoscaler = Autoscaler(scaled, trigger, router, make_router, mode="none" if trigger is None else "add",
+                            minimum_s=minimum_s)
+    sim = WarehouseSimulator(world, [("c0", start_size)], router, minimum_s=minimum_s, seed=cfg.seed,
+                             autoscaler=autoscaler)
+    out = sim.run(queries)
+    return {"vr": out.violation_rate, "cost": out.cost,
+            "spin_ups": sum(e["event"] == "spin_up" for e in out.events)}
+
+
+def scaling_experiment(kind: str, log: pd.DataFrame, predictor: LatencyPredictor,
+                       cfg: ScalingExperimentConfig | None = None, *,
+                       on_scenario: Callable[[dict], None] | None = None) -> dict[str, Any]:
+    """Table 3 (``kind="sizer"``) or Table 4 (``kind="trigger"``) in simulation.
+
+    ``sizer``: force one scaling decision after 20% of the arrivals, report
+    VR and cost over the last 20%. ``trigger``: each trigger decides when to
+    scale (size chosen by the Spinup Size Selector), report the whole run.
+    """
+    from sloctl.datasets.tpc import Template
+    from sloctl.datasets.workloads import base_workload
+
+    if kind not in ("sizer", "trigger"):
+        raise ValueError(f"The 'kind' parameter must be 'sizer' or 'trigger', got {kind!r}.")
+    cfg = cfg or ScalingExperimentConfig()
+    world, report, slo_ref, templates, mean_iso, table = _scaling_setup(log, cfg)
+    approaches = (("no-op", "horizontal", "vertical+ours", "add+ours") if kind == "sizer"
+                  else ("no-op", "queue", "observed", "ours"))
+    scenarios = []
+    for load in cfg.loads:
+        rate = load / mean_iso
+        workload = base_workload([Template(t, "") for t in templates], rate, cfg.copies, seed=cfg.seed)
+        for kappa in cfg.kappas:
+            queries = [Query(i, q.template, q.arrival_s, kappa * slo_ref[q.template])
+                       for i, q in enumerate(workload.queries)]
+            for start in cfg.start_sizes:
+                results = {a: _run_scaling(kind, a, world, predictor, table, queries, start, cfg, mean_iso)
+                           for a in approaches}
+                scenario = {"lambda": rate, "load": load, "kappa": kappa, "clusters": [start], "results": results}
+                scenarios.append(scenario)
+                if on_scenario is not None:
+                    on_scenario(scenario)
+    return {
+        "scenarios": scenarios,
+        "baseline": "no-op",
+        "mean_delta": mean_delta([{a: {"vr": r["vr"], "cost": r["cost"]} for a, r in s["results"].items()}
+                                  for s in scenarios], "no-op"),
+        "world": {"alpha": {str(k): v for k, v in report.alpha.items()},
+                  "heldout_q_error": report.heldout_q_error},
+        "time_scale": {"mean_isolated_s": mean_iso, "unit": "mean isolated latency on size 1"},
     }

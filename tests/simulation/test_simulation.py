@@ -49,3 +49,39 @@ def test_simulator_is_deterministic_for_a_seed_and_bills_every_cluster():
 def test_unknown_template_is_a_clear_error():
     with pytest.raises(KeyError, match="No isolated latency measured for template 'zzz'"):
         world().service_s("zzz", 1)
+
+
+def test_autoscaler_spins_up_under_overload_and_lowers_violations(sim_log):
+    from sloctl.control.autoscaler import Autoscaler, AutoscalerConfig, SpinupTrigger
+    from sloctl.control.router import StageCostRouter
+    from sloctl.models.online import OnlinePredictor
+    from sloctl.models.predictor import LatencyPredictor
+    from sloctl.models.stage import StageConfig
+    from sloctl.training.pipeline import fit_stage
+
+    emulator, _ = calibrate(sim_log, seed=0)
+    stage = fit_stage(sim_log, np.arange(len(sim_log)), StageConfig(), np.zeros(len(sim_log), int))
+    table = sim_log.drop_duplicates("template").reset_index(drop=True)
+    templates = sorted(t for t in emulator.templates()
+                       if (t, 1) in emulator.isolated_s and (t, 2) in emulator.isolated_s)
+    mean_iso = float(np.mean([emulator.isolated_s[(t, 1)] for t in templates]))
+    rng = np.random.default_rng(1)
+    arrivals = np.cumsum(rng.exponential(mean_iso / 1.5, 200))  # 1.5x what one size-1 cluster serves
+    names = [templates[i % len(templates)] for i in range(len(arrivals))]
+    queries = [Query(i, name, float(t), 3 * emulator.isolated_s[(name, 1)])
+               for i, (name, t) in enumerate(zip(names, arrivals, strict=True))]
+
+    def run(mode):
+        router = StageCostRouter(OnlinePredictor(LatencyPredictor(stage), table, use_iconq=False))
+        config = AutoscalerConfig(window_s=20 * mean_iso, spinup_delay_s=5 * mean_iso, theta=10, tau_trigger=0.1,
+                                  mu=15, t_idle_s=1e9, t_min_lifetime_s=1e9)
+        autoscaler = Autoscaler(config, SpinupTrigger(10, 0.1), router, StageCostRouter, mode=mode,
+                                minimum_s=5 * mean_iso)
+        return WarehouseSimulator(emulator, [("c0", 1)], router, minimum_s=5 * mean_iso, seed=3,
+                                  autoscaler=autoscaler).run(queries)
+
+    idle, scaled = run("none"), run("add")
+    assert not idle.events
+    assert any(e["event"] == "spin_up" for e in scaled.events)
+    assert scaled.violation_rate < idle.violation_rate
+    assert len(scaled.queries) == len(queries)

@@ -1,0 +1,472 @@
+"""The Autoscaler (AutoSLO §6): observation windows, scaling triggers, and
+the simulation-based Spinup Size Selector.
+
+* :class:`ObservationWindows` keep the arrivals and completions of the last
+  ``w`` seconds (§6.1).
+* :func:`should_tear_down` is the teardown trigger (§6.2.1): no running
+  query, nothing routed for ``T_idle``, and alive for ``T_min_lifetime``.
+* :class:`SpinupTrigger` is Algorithm 2 (§6.2.2): the violation rate among
+  queries that arrived since the cluster set last changed — completed ones
+  with their real latency and, unless ``observed_only``, running ones with
+  their predicted latency — must reach ``θ`` queries and exceed
+  ``τ_trigger``; an in-flight flag stops it re-firing until the set changes.
+  :class:`QueueTrigger` is the Queue@N baseline.
+* :func:`find_best_spinup_size` is Algorithm 3 (§6.3): replay copies of the
+  arrival window through the spin-up delay ``δ`` once, then for each
+  candidate size and for doing nothing continue until ``μ`` queries that
+  arrived after the new cluster is available have completed, with
+  completions decided by the latency predictor; pick by BestWithTarget and
+  return the largest size tied for best — or nothing unless some candidate
+  strictly improves on doing nothing.
+
+The policies see only the router's predictor; they run unchanged in
+simulation and live.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sloctl.control.billing import BillingTimer, best_with_target
+from sloctl.control.router import ClusterState, Query
+
+__all__ = [
+    "Autoscaler",
+    "AutoscalerConfig",
+    "ClusterView",
+    "ScalingAction",
+    "ObservationWindows",
+    "QueueTrigger",
+    "SizingOutcome",
+    "SpinupTrigger",
+    "find_best_spinup_size",
+    "should_tear_down",
+]
+
+
+@dataclass(frozen=True)
+class AutoscalerConfig:
+    """Autoscaler parameters (names as in AutoSLO §6; the Policy Tuner tunes them).
+
+    Attributes:
+        window_s: ``w``, length of the observation windows.
+        t_idle_s: ``T_idle``, idle time before a teardown.
+        t_min_lifetime_s: ``T_min_lifetime``, minimum cluster lifetime.
+        theta: ``θ``, queries needed before the spin-up trigger judges.
+        tau_trigger: ``τ_trigger``, violation rate that fires the trigger.
+        mu: ``μ``, completions simulated per candidate in the size selector.
+        tau_target: ``τ``, the BestWithTarget violation-rate target.
+        candidate_sizes: sizes the selector may add.
+        spinup_delay_s: ``δ``, time from request to a ready cluster.
+        max_clusters: never hold more clusters than this.
+    """
+
+    window_s: float = 600.0
+    t_idle_s: float = 300.0
+    t_min_lifetime_s: float = 1200.0
+    theta: int = 10
+    tau_trigger: float = 0.1
+    mu: int = 20
+    tau_target: float = 0.05
+    candidate_sizes: tuple[int, ...] = (1, 2)
+    spinup_delay_s: float = 300.0
+    max_clusters: int = 4
+
+    def validate(self) -> None:
+        for name in ("window_s", "spinup_delay_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"The '{name}' parameter of AutoscalerConfig must be > 0, "
+                                 f"got {getattr(self, name)!r}.")
+        for name in ("theta", "mu", "max_clusters"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"The '{name}' parameter of AutoscalerConfig must be >= 1, "
+                                 f"got {getattr(self, name)!r}.")
+        if not self.candidate_sizes or min(self.candidate_sizes) < 1:
+            raise ValueError(f"The 'candidate_sizes' parameter of AutoscalerConfig must hold sizes >= 1, "
+                             f"got {self.candidate_sizes!r}.")
+
+
+@dataclass
+class _Completed:
+    query: Query
+    latency_s: float
+
+
+class ObservationWindows:
+    """Trailing windows of arrivals and completions over the last ``window_s`` seconds (§6.1)."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.arrivals: deque[Query] = deque()
+        self.completions: deque[_Completed] = deque()
+        self._done_at: deque[float] = deque()
+
+    def _truncate(self, now_s: float) -> None:
+        while self.arrivals and self.arrivals[0].arrival_s < now_s - self.window_s:
+            self.arrivals.popleft()
+        while self._done_at and self._done_at[0] < now_s - self.window_s:
+            self._done_at.popleft()
+            self.completions.popleft()
+
+    def add_arrival(self, query: Query) -> None:
+        self.arrivals.append(query)
+        self._truncate(query.arrival_s)
+
+    def add_completion(self, query: Query, end_s: float) -> None:
+        self.completions.append(_Completed(query, end_s - query.arrival_s))
+        self._done_at.append(end_s)
+        self._truncate(end_s)
+
+
+def should_tear_down(*, running: int, last_routed_s: float | None, spun_up_s: float, now_s: float,
+                     t_idle_s: float, t_min_lifetime_s: float) -> bool:
+    """Teardown trigger (§6.2.1): idle, unused for ``T_idle`` and older than ``T_min_lifetime``."""
+    idle_since = spun_up_s if last_routed_s is None else last_routed_s
+    return running == 0 and now_s - idle_since >= t_idle_s and now_s - spun_up_s >= t_min_lifetime_s
+
+
+@dataclass
+class SpinupTrigger:
+    """Algorithm 2: fire when recent (observed + projected) SLO violations are too frequent.
+
+    Args:
+        theta: ``θ``.
+        tau_trigger: ``τ_trigger``.
+        observed_only: ignore running queries (the "Observed" baseline).
+    """
+
+    theta: int
+    tau_trigger: float
+    observed_only: bool = False
+    known: frozenset[str] = field(default_factory=frozenset)
+    t_change_s: float = -math.inf
+    in_flight: bool = False
+    suppressed_until_s: float = -math.inf
+
+    def check(self, now_s: float, active: Sequence[str], running: Sequence[tuple[Query, float]],
+              windows: ObservationWindows) -> bool:
+        """Whether to spin up now.
+
+        Args:
+            now_s: current arrival time.
+            active: ids of the active clusters (ready or starting).
+            running: ``(query, predicted latency)`` of running queries.
+            windows: the observation windows.
+        """
+        if frozenset(active) != self.known:
+            self.known = frozenset(active)
+            self.t_change_s = now_s
+            self.in_flight = False
+        recent_running = [] if self.observed_only else [
+            (q, pred) for q, pred in running if q.arrival_s >= self.t_change_s]
+        recent_done = [c for c in windows.completions if c.query.arrival_s >= self.t_change_s]
+        n = len(recent_running) + len(recent_done)
+        if n < self.theta or self.in_flight or now_s < self.suppressed_until_s:
+            return False
+        violations = sum(pred > q.slo_s for q, pred in recent_running)
+        violations += sum(c.latency_s > c.query.slo_s for c in recent_done)
+        if violations / n > self.tau_trigger:
+            self.in_flight = True
+            return True
+        return False
+
+    def suppress(self, until_s: float) -> None:
+        """Do not fire again before ``until_s`` (after a do-nothing decision, Algorithm 3)."""
+        self.suppressed_until_s = until_s
+        self.in_flight = False
+
+
+@dataclass
+class QueueTrigger:
+    """Queue@N baseline: fire when ``n`` or more queries are outstanding (once per cluster-set change)."""
+
+    n: int
+    known: frozenset[str] = field(default_factory=frozenset)
+    in_flight: bool = False
+    suppressed_until_s: float = -math.inf
+
+    def check(self, now_s: float, active: Sequence[str], running: Sequence[tuple[Query, float]],
+              windows: ObservationWindows) -> bool:
+        if frozenset(active) != self.known:
+            self.known = frozenset(active)
+            self.in_flight = False
+        if self.in_flight or now_s < self.suppressed_until_s or len(running) < self.n:
+            return False
+        self.in_flight = True
+        return True
+
+    def suppress(self, until_s: float) -> None:
+        self.suppressed_until_s = until_s
+        self.in_flight = False
+
+
+@dataclass
+class SizingOutcome:
+    """What the size selector decided, and what it simulated for each option."""
+
+    size: int | None                       # None: do nothing
+    outcomes: dict[str, tuple[float, float]]  # option -> (violation rate, cost)
+
+
+class _PredictedWorld:
+    """The Workload Simulator: completions at arrival + predicted latency (AutoSLO §3)."""
+
+    def __init__(self, router: Any, clusters: list[ClusterState], now_s: float) -> None:
+        self.router = router
+        self.clusters = clusters
+        self.now_s = now_s
+
+    def _next_completion(self) -> tuple[float, int | None, str | None]:
+        best = (math.inf, None, None)
+        for c in self.clusters:
+            for r in self.router.model.running_on(c.cluster_id):
+                end = r.arrival_s + r.predicted_s
+                if end < best[0]:
+                    best = (end, r.query_id, c.cluster_id)
+        return best
+
+    def run_until(self, arrivals: list[Query], stop: Callable[[], bool], on_done: Callable[[Query | int, float], None],
+                  t_end: float = math.inf, routable: Callable[[ClusterState], bool] = lambda c: True) -> None:
+        """Process arrivals (sorted) and predicted completions until ``stop()`` or ``t_end``."""
+        i = 0
+        by_id: dict[str, ClusterState] = {c.cluster_id: c for c in self.clusters}
+        while not stop():
+            t_done, qid, cid = self._next_completion()
+            t_arr = arrivals[i].arrival_s if i < len(arrivals) else math.inf
+            t_next = min(t_done, t_arr)
+            if math.isinf(t_next) or t_next > t_end:
+                if not math.isinf(t_end):
+                    self.now_s = t_end
+                return
+            self.now_s = max(self.now_s, t_next)
+            if t_done <= t_arr:
+                by_id[cid].timer.query_finished(self.now_s)
+                self.router.on_complete(qid, self.now_s)
+                on_done(qid, self.now_s)
+            else:
+                query = arrivals[i]
+                i += 1
+                choices = [c for c in self.clusters if routable(c)]
+                decision = self.router.route(query, choices, self.now_s)
+                by_id[decision.cluster_id].timer.query_arrived(self.now_s)
+        return
+
+
+def _simulate_option(size: int | None, prep_router: Any, prep_clusters: list[ClusterState],
+                     make_router: Callable[[Any], Any], arrivals: list[Query], t_avail: float, mu: int,
+                     minimum_s: float, price_per_unit_s: float, vertical: bool) -> tuple[float, float]:
+    """Lines 13-29 of Algorithm 3 for one option: (violation rate, cost) after ``t_avail``."""
+    sim_router = make_router(prep_router.model.fork())
+    sim_clusters = [ClusterState(c.cluster_id, c.size, c.timer.copy(), c.price_per_unit_s) for c in prep_clusters]
+    new_id = None
+    if size is not None:
+        new_id = f"__candidate_{size}"
+        sim_clusters.append(ClusterState(new_id, size, BillingTimer(minimum_s), price_per_unit_s))
+    cost_start = {c.cluster_id: c.timer.active_s(t_avail) * c.size * c.price_per_unit_s for c in sim_clusters}
+    world = _PredictedWorld(sim_router, sim_clusters, t_avail)
+    late = {q.query_id: q for q in arrivals}
+    violated: list[bool] = []
+    completed = [0]
+
+    def on_done(qid: int, t: float) -> None:
+        q = late.get(qid)
+        if q is not None:
+            completed[0] += 1
+            violated.append(t - q.arrival_s > q.slo_s)
+
+    def routable(c: ClusterState) -> bool:
+        return not (vertical and new_id) or c.cluster_id == new_id
+
+    world.run_until(arrivals, stop=lambda: completed[0] >= mu, on_done=on_done, routable=routable)
+    for c in sim_clusters:  # outstanding late arrivals count with their predicted latency (line 27)
+        for r in sim_router.model.running_on(c.cluster_id):
+            if r.query_id in late:
+                violated.append(r.predicted_s > r.slo_s)
+    vr = sum(violated) / len(violated) if violated else 0.0
+    cost = sum(c.timer.active_s(world.now_s) * c.size * c.price_per_unit_s - cost_start[c.cluster_id]
+               for c in sim_clusters)
+    return vr, cost
+
+
+def find_best_spinup_size(*, now_s: float, window: Sequence[Query], window_s: float, router: Any,
+                          clusters: list[ClusterState], make_router: Callable[[Any], Any],
+                          candidates: Sequence[int], delta_s: float, mu: int, tau_target: float,
+                          minimum_s: float, price_per_unit_s: float = 1.0, vertical: bool = False,
+                          max_arrivals: int = 5000) -> SizingOutcome:
+    """Algorithm 3: which cluster size to add (or, ``vertical``, to have), if any.
+
+    Args:
+        now_s: decision time ``t_d``.
+        window: the arrival window ``W^a`` (queries of the last ``window_s``).
+        window_s: ``w``.
+        router: the live router; its predictor state is forked, never changed.
+        clusters: the active clusters (ready ones).
+        make_router: builds a router over a forked predictor (``fork`` of
+            ``router.model``).
+        candidates: sizes to consider.
+        delta_s: spin-up delay ``δ``.
+        mu: completions ``μ`` to simulate per option after the new cluster is available.
+        tau_target: BestWithTarget target ``τ``.
+        minimum_s, price_per_unit_s: billing of the simulated clusters.
+        vertical: the new cluster replaces the existing ones once available.
+        max_arrivals: safety bound on simulated arrivals per option.
+    """
+    if not window:
+        return SizingOutcome(None, {})
+    base_t = min(q.arrival_s for q in window)
+    span = max(window_s, 1e-9)
+
+    def copies(start_s: float, until_s: float, first_id: int) -> list[Query]:
+        out, k, qid = [], 0, first_id
+        while len(out) < max_arrivals:
+            shift = start_s + k * span - base_t
+            batch = [Query(qid + j, q.template, q.arrival_s + shift, q.slo_s) for j, q in enumerate(window)]
+            qid += len(batch)
+            batch = [q for q in batch if q.arrival_s < until_s]
+            if not batch:
+                break
+            out.extend(batch)
+            k += 1
+        return out[:max_arrivals]
+
+    # preparation period: once, shared by every option (lines 1-11)
+    t_avail = now_s + delta_s
+    prep_router = make_router(router.model.fork())
+    prep_clusters = [ClusterState(c.cluster_id, c.size, c.timer.copy(), c.price_per_unit_s) for c in clusters]
+    prep = _PredictedWorld(prep_router, prep_clusters, now_s)
+    next_id = -1_000_000_000
+    prep_arrivals = copies(now_s, t_avail, next_id)
+    prep.run_until(prep_arrivals, stop=lambda: False, on_done=lambda q, t: None, t_end=t_avail)
+    next_id += len(prep_arrivals)
+
+    outcomes: dict[str, tuple[float, float]] = {}
+    for size in [None, *sorted(set(candidates))]:
+        arrivals = copies(t_avail, math.inf, next_id)
+        outcomes["none" if size is None else str(size)] = _simulate_option(
+            size, prep_router, prep_clusters, make_router, arrivals, t_avail, mu, minimum_s, price_per_unit_s,
+            vertical)
+    keys = list(outcomes)
+    best = best_with_target([outcomes[k] for k in keys], tau_target)
+    best_key = (max(0.0, outcomes[keys[best]][0] - tau_target), outcomes[keys[best]][1])
+    none_key = (max(0.0, outcomes["none"][0] - tau_target), outcomes["none"][1])
+    if none_key <= best_key:
+        return SizingOutcome(None, outcomes)
+    tied = [int(k) for k in keys if k != "none"
+            and (max(0.0, outcomes[k][0] - tau_target), outcomes[k][1]) == best_key]
+    return SizingOutcome(max(tied), outcomes)
+
+
+@dataclass
+class ClusterView:
+    """A cluster as the autoscaler sees it."""
+
+    cluster_id: str
+    size: int
+    ready: bool
+    spun_up_s: float
+    last_routed_s: float | None
+    running: int
+    state: ClusterState | None = None
+
+
+@dataclass(frozen=True)
+class ScalingAction:
+    """``spin_up`` (size), ``tear_down`` (cluster id) or ``retire_others`` (vertical: stop routing to the rest)."""
+
+    kind: str
+    size: int | None = None
+    cluster_id: str | None = None
+
+
+class Autoscaler:
+    """Triggers plus a scaling action, run at every arrival (AutoSLO §6).
+
+    Args:
+        config: the parameters.
+        trigger: a :class:`SpinupTrigger`, :class:`QueueTrigger` or ``None``
+            (never fires on its own; :meth:`force` still scales).
+        router: the router whose predictor the autoscaler reads (Iconq+).
+        make_router: builds a router over a forked predictor, for what-if runs.
+        mode: ``add`` (Spinup Size Selector adds a cluster), ``vertical``
+            (the selector picks the one cluster to have), ``horizontal``
+            (add a copy of the existing cluster size) or ``none``.
+        minimum_s, price_per_unit_s: billing used in what-if runs.
+        teardown: apply the teardown trigger.
+    """
+
+    def __init__(self, config: AutoscalerConfig, trigger: Any, router: Any, make_router: Callable[[Any], Any], *,
+                 mode: str = "add", minimum_s: float = 60.0, price_per_unit_s: float = 1.0,
+                 teardown: bool = True) -> None:
+        if mode not in ("add", "vertical", "horizontal", "none"):
+            raise ValueError(f"The 'mode' parameter of Autoscaler must be add, vertical, horizontal or none, "
+                             f"got {mode!r}.")
+        config.validate()
+        self.config = config
+        self.trigger = trigger
+        self.router = router
+        self.make_router = make_router
+        self.mode = mode
+        self.minimum_s = minimum_s
+        self.price_per_unit_s = price_per_unit_s
+        self.teardown = teardown
+        self.windows = ObservationWindows(config.window_s)
+        self.decisions: list[tuple[float, SizingOutcome | None, ScalingAction | None]] = []
+
+    def on_completion(self, query: Query, end_s: float) -> None:
+        self.windows.add_completion(query, end_s)
+
+    def on_arrival(self, query: Query, clusters: list[ClusterView]) -> list[ScalingAction]:
+        """Record the arrival, run both triggers; returns the actions to apply now."""
+        now = query.arrival_s
+        self.windows.add_arrival(query)
+        actions: list[ScalingAction] = []
+        if self.teardown:
+            ready = [c for c in clusters if c.ready]
+            for c in ready:
+                if len(ready) - sum(a.kind == "tear_down" for a in actions) <= 1:
+                    break
+                if should_tear_down(running=c.running, last_routed_s=c.last_routed_s, spun_up_s=c.spun_up_s,
+                                    now_s=now, t_idle_s=self.config.t_idle_s,
+                                    t_min_lifetime_s=self.config.t_min_lifetime_s):
+                    actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id))
+        if self.trigger is None or self.mode == "none":
+            return actions
+        running = [(Query(r.query_id, r.template, r.arrival_s, r.slo_s), r.predicted_s)
+                   for r in self.router.model.running.values()]
+        if self.trigger.check(now, [c.cluster_id for c in clusters], running, self.windows):
+            actions.extend(self.scale(now, clusters))
+        return actions
+
+    def force(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
+        """Scale now regardless of the triggers (the size-selector experiment)."""
+        return self.scale(now_s, clusters)
+
+    def scale(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
+        if self.mode == "none" or len(clusters) >= self.config.max_clusters:
+            self.decisions.append((now_s, None, None))
+            return []
+        ready = [c for c in clusters if c.ready and c.state is not None]
+        if self.mode == "horizontal":
+            action = ScalingAction("spin_up", size=ready[0].size if ready else min(self.config.candidate_sizes))
+            self.decisions.append((now_s, None, action))
+            return [action]
+        outcome = find_best_spinup_size(
+            now_s=now_s, window=list(self.windows.arrivals), window_s=self.config.window_s, router=self.router,
+            clusters=[c.state for c in ready], make_router=self.make_router,
+            candidates=self.config.candidate_sizes, delta_s=self.config.spinup_delay_s, mu=self.config.mu,
+            tau_target=self.config.tau_target, minimum_s=self.minimum_s, price_per_unit_s=self.price_per_unit_s,
+            vertical=self.mode == "vertical")
+        if outcome.size is None:
+            if self.trigger is not None:
+                self.trigger.suppress(now_s + self.config.spinup_delay_s)
+            self.decisions.append((now_s, outcome, None))
+            return []
+        actions = [ScalingAction("spin_up", size=outcome.size)]
+        if self.mode == "vertical":
+            actions.append(ScalingAction("retire_others"))
+        self.decisions.append((now_s, outcome, actions[0]))
+        return actions
