@@ -236,6 +236,29 @@ def demo_cmd(
         Console().print(table)
         typer.echo(f"models registered in {cfg.registry.tracking_uri} "
                    "(try: sloctl evaluate predictor --log reports/demo_log.parquet --json)")
+        _simulated_day(cfg, paths[0])
+
+
+def _simulated_day(cfg, log_path: Path) -> None:
+    """The demo's last act: a routed and autoscaled day in the emulated warehouse."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from sloctl.datasets.querylog import read_log
+    from sloctl.simulation.day import plot_day, simulated_day
+    from sloctl.training.registry import load_model
+
+    echo("Simulating a compressed day: round-robin on two clusters vs Queue@N vs AutoSLO autoscaling ...")
+    predictor = load_model("models:/iconq@champion", tracking_uri=cfg.registry.tracking_uri)
+    day = simulated_day(read_log(log_path), predictor, slo_margin=cfg.router.slo_margin,
+                        cost_tolerance=cfg.router.cost_tolerance, seed=cfg.demo.seed)
+    table = Table(title=f"A simulated day: {day['queries']} queries ({day['contour']} contour), emulated warehouse")
+    for column in ("approach", "VR", "cost", "spin-ups", "teardowns"):
+        table.add_column(column, justify="left" if column == "approach" else "right")
+    for name, r in day["results"].items():
+        table.add_row(name, f"{r['vr']:.3f}", f"{r['cost']:.1f}", str(r["spin_ups"]), str(r["tear_downs"]))
+    Console().print(table)
+    typer.echo(f"wrote {plot_day(day, Path(cfg.demo.reports_dir) / 'demo_day.png')}")
 
 
 def main() -> None:

@@ -1,0 +1,1 @@
+"""Live serving: the control policies driving real DuckDB clusters (see :mod:`sloctl.serving.live`)."""

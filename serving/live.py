@@ -1,0 +1,494 @@
+"""Query routers on live DuckDB clusters: the same router runs live unchanged.
+
+:func:`run_live` spins up real clusters (:class:`~sloctl.datasets.duckdb_pool.DuckDBClusterPool`),
+replays queries open-loop at their arrival times, asks a router
+(:mod:`sloctl.control.router`) where each one runs, and bills every cluster
+with the same :class:`~sloctl.control.billing.BillingTimer` the simulator
+uses. :func:`live_router_experiment` compares round-robin with the Iconq+
+router (AutoSLO Algorithm 1) on the same seeded arrivals, one fresh pool per
+router.
+
+All times are seconds on one run clock whose zero is a start instant taken
+after every cluster is ready (a short lead ahead, so the first arrival is not
+late by construction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sloctl.control.autoscaler import ClusterView
+from sloctl.control.billing import BillingTimer
+from sloctl.control.pool import QueryRequest
+from sloctl.control.router import ClusterState, Query
+from sloctl.errors import ClusterPoolError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sloctl.control.autoscaler import Autoscaler
+    from sloctl.control.router import Router
+    from sloctl.models.predictor import LatencyPredictor
+
+__all__ = ["LiveResult", "live_autoscale_experiment", "live_router_experiment", "run_live"]
+
+#: Lead time between "every cluster is ready" and the run clock's zero.
+_LEAD_S = 0.05
+#: How long a spin-up may take before the run is abandoned.
+_SPIN_UP_TIMEOUT_S = 120.0
+#: Poll interval while queries are in flight and no arrival is due.
+_POLL_S = 0.5
+
+_COLUMNS = ["query_id", "template", "cluster_id", "cluster_size", "arrival_s", "routed_s", "start_s", "end_s",
+            "latency_s", "slo_s", "violated", "status", "predicted_s"]
+
+
+@dataclass
+class LiveResult:
+    """Per-query outcomes of a live run and its bill.
+
+    Attributes:
+        queries: one row per query (columns ``query_id, template, cluster_id,
+            cluster_size, arrival_s, routed_s, start_s, end_s, latency_s,
+            slo_s, violated, status, predicted_s``), in arrival order;
+            ``routed_s`` is when the router decided (``arrival_s`` plus the
+            dispatch lag).
+        cost: total bill, ``Σ price × size × active time``.
+        cost_by_cluster: the bill of each cluster.
+        violation_rate: fraction of queries that violated their SLO.
+    """
+
+    queries: pd.DataFrame
+    cost: float
+    cost_by_cluster: dict[str, float]
+    violation_rate: float
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _validate(queries: list[Query], clusters: list[tuple[str, int]], sql_by_template: dict[str, str],
+              price_per_unit_s: float, timeout_s: float | None) -> None:
+    if not clusters:
+        raise ValueError("The 'clusters' parameter of run_live must name at least one (cluster_id, size), got none.")
+    ids = [cid for cid, _ in clusters]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"The 'clusters' parameter of run_live must have distinct cluster ids, got {ids}.")
+    query_ids = [q.query_id for q in queries]
+    if len(set(query_ids)) != len(query_ids):
+        raise ValueError("The 'queries' parameter of run_live must have distinct query ids.")
+    missing = sorted({q.template for q in queries} - set(sql_by_template))
+    if missing:
+        raise ValueError(f"The 'sql_by_template' parameter of run_live has no SQL for template {missing[0]!r}.")
+    if not (math.isfinite(price_per_unit_s) and price_per_unit_s >= 0):
+        raise ValueError(f"The 'price_per_unit_s' parameter of run_live must be >= 0, got {price_per_unit_s!r}.")
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"The 'timeout_s' parameter of run_live must be > 0 or None, got {timeout_s!r}.")
+
+
+def run_live(
+    db_path: str | Path,
+    queries: list[Query],
+    clusters: list[tuple[str, int]],
+    router: Router,
+    *,
+    price_per_unit_s: float = 1.0,
+    minimum_s: float = 60.0,
+    timeout_s: float | None = 60.0,
+    sql_by_template: dict[str, str],
+    on_progress: Callable[[int, int], None] | None = None,
+    autoscaler: Autoscaler | None = None,
+    warmup_s: float = 0.0,
+) -> LiveResult:
+    """Route ``queries`` live onto fresh DuckDB clusters and bill them.
+
+    Arrivals are dispatched open-loop at ``query.arrival_s`` whatever is
+    running. At each arrival the router sees every cluster's
+    :class:`~sloctl.control.router.ClusterState` and ``now_s``, the run-clock
+    time of the decision (the scheduled arrival plus the dispatch lag). A
+    query's latency runs from its scheduled arrival to its measured end.
+
+    Billing timers need non-decreasing times. Events are handed to them in
+    the order they are observed: an arrival at the moment it is routed, a
+    completion when the pool reports it, with the end time the worker
+    measured. A completion observed late carries an end slightly earlier than
+    the last time its timer has seen — a later arrival on that cluster, or a
+    routing decision, since cost-aware routers read every cluster's timer at
+    ``now_s``. Its end is then clamped, for the timer only, to that last time,
+    which over-bills by at most the observation delay (a few milliseconds);
+    the row and the router keep the measured end.
+
+    Args:
+        db_path: the DuckDB database every cluster opens read-only.
+        queries: the arrivals (``arrival_s`` on the run clock, SLOs in seconds).
+        clusters: ``(cluster_id, size)`` of the clusters to spin up; they need
+            ``Σ size`` free cores (else :class:`~sloctl.errors.ClusterPoolError`).
+        router: the routing policy, used exactly as in simulation.
+        price_per_unit_s: price of one size unit per second.
+        minimum_s: billing minimum window (``m``).
+        timeout_s: per-query timeout (``None``: none); a timed-out query is
+            censored and counts as violated, as does one that failed.
+        sql_by_template: the SQL text of every template in ``queries``.
+        on_progress: called with ``(finished, total)`` after each completion.
+        autoscaler: optional :class:`~sloctl.control.autoscaler.Autoscaler`,
+            consulted at every arrival exactly as in simulation; its spin-ups
+            start real cluster processes (ready after process start plus
+            ``warmup_s``; a size that does not fit on the machine is refused
+            and recorded), its teardowns stop them.
+        warmup_s: warm-up delay of every spin-up.
+
+    Returns:
+        The per-query rows, the bill and the violation rate.
+
+    Raises:
+        ClusterPoolError: the clusters do not fit on this machine, one failed
+            to start, or one died with queries in flight.
+    """
+    import pandas as pd
+
+    from sloctl.datasets.duckdb_pool import DuckDBClusterPool
+
+    _validate(queries, clusters, sql_by_template, price_per_unit_s, timeout_s)
+    pending = sorted(queries, key=lambda q: (q.arrival_s, q.query_id))
+    states = {cid: ClusterState(cid, size, BillingTimer(minimum_s), price_per_unit_s) for cid, size in clusters}
+    # last time each timer has seen: ours, and the router's (cost-aware routers query every timer at now_s)
+    last_s = {cid: -math.inf for cid in states}
+    in_flight: dict[int, tuple[Query, str, float, float]] = {}  # id -> (query, cluster, predicted_s, routed_s)
+    records: dict[int, dict[str, Any]] = {}
+
+    events: list[dict[str, Any]] = []
+    spun_up_s = {cid: 0.0 for cid in states}
+    last_routed: dict[str, float | None] = {cid: None for cid in states}
+    ready = set(states)
+    gone: set[str] = set()
+
+    with DuckDBClusterPool(db_path, warmup_s=warmup_s) as pool:
+        for cid, size in clusters:
+            pool.spin_up(size, cluster_id=cid)
+        for cid, _ in clusters:
+            pool.wait_ready(cid, timeout_s=_SPIN_UP_TIMEOUT_S)
+        active = list(states.values())
+        base = time.monotonic() + _LEAD_S
+
+        def refresh_ready(now_s: float) -> None:
+            starting = [cid for cid in states if cid not in ready and cid not in gone]
+            if not starting:
+                return
+            for info in pool.clusters():
+                if info.cluster_id in starting and info.state == "ready":
+                    ready.add(info.cluster_id)
+                    events.append({"t": now_s, "event": "ready", "cluster_id": info.cluster_id})
+            active[:] = [states[c] for c in states if c in ready and c not in gone]
+
+        def autoscale(query: Query, now_s: float) -> None:
+            busy = {}
+            for _, cid, _, _ in in_flight.values():
+                busy[cid] = busy.get(cid, 0) + 1
+            views = [ClusterView(cid, st.size, cid in ready, spun_up_s[cid], last_routed[cid], busy.get(cid, 0), st)
+                     for cid, st in states.items() if cid not in gone]
+            for action in autoscaler.on_arrival(query, views):
+                if action.kind == "spin_up":
+                    cid = f"auto{len(states)}-s{action.size}"
+                    try:
+                        pool.spin_up(action.size, cluster_id=cid)
+                    except ClusterPoolError as exc:
+                        events.append({"t": now_s, "event": "refused", "size": action.size, "why": str(exc)})
+                        continue
+                    states[cid] = ClusterState(cid, action.size, BillingTimer(minimum_s), price_per_unit_s)
+                    last_s[cid], spun_up_s[cid], last_routed[cid] = -math.inf, now_s, None
+                    events.append({"t": now_s, "event": "spin_up", "cluster_id": cid, "size": action.size})
+                elif action.kind == "tear_down" and busy.get(action.cluster_id, 0) == 0:
+                    gone.add(action.cluster_id)
+                    active[:] = [states[c] for c in states if c in ready and c not in gone]
+                    pool.tear_down(action.cluster_id)
+                    events.append({"t": now_s, "event": "tear_down", "cluster_id": action.cluster_id})
+
+        def finish(done: Any) -> None:
+            query, cid, predicted, routed = in_flight.pop(done.query_id)
+            end = done.end_s - base
+            timer_s = max(end, last_s[cid])  # observed late: clamp (see docstring)
+            states[cid].timer.query_finished(timer_s)
+            last_s[cid] = timer_s
+            router.on_complete(query.query_id, end)
+            if autoscaler is not None:
+                autoscaler.on_completion(query, end)
+            latency = end - query.arrival_s
+            records[query.query_id] = {
+                "query_id": query.query_id, "template": query.template, "cluster_id": cid,
+                "cluster_size": states[cid].size, "arrival_s": query.arrival_s, "routed_s": routed,
+                "start_s": done.start_s - base, "end_s": end, "latency_s": latency, "slo_s": query.slo_s,
+                "violated": bool(done.status != "ok" or latency > query.slo_s), "status": done.status,
+                "predicted_s": predicted,
+            }
+            if on_progress is not None:
+                on_progress(len(records), len(pending))
+
+        i = 0
+        while i < len(pending) or in_flight:
+            now_s = time.monotonic() - base
+            if i < len(pending) and pending[i].arrival_s <= now_s:
+                # completions already reported come first: the router should see them
+                for done in sorted(pool.completions(timeout_s=0), key=lambda c: c.end_s):
+                    if done.query_id in in_flight:
+                        finish(done)
+                query = pending[i]
+                i += 1
+                now_s = time.monotonic() - base
+                if autoscaler is not None:
+                    refresh_ready(now_s)
+                    autoscale(query, now_s)
+                decision = router.route(query, active, now_s)
+                last_routed[decision.cluster_id] = now_s
+                for cid in last_s:
+                    last_s[cid] = max(last_s[cid], now_s)
+                if decision.cluster_id not in states:
+                    raise ValueError(f"Router {getattr(router, 'name', router)!r} chose unknown cluster "
+                                     f"{decision.cluster_id!r} (clusters: {', '.join(states)}).")
+                pool.submit(decision.cluster_id, QueryRequest(query.query_id, sql_by_template[query.template],
+                                                              timeout_s))
+                timer_s = max(now_s, last_s[decision.cluster_id])
+                states[decision.cluster_id].timer.query_arrived(timer_s)
+                last_s[decision.cluster_id] = timer_s
+                in_flight[query.query_id] = (query, decision.cluster_id, float(decision.predicted_s), now_s)
+                continue
+            wait = max(0.0, pending[i].arrival_s - now_s) if i < len(pending) else _POLL_S
+            batch = pool.completions(timeout_s=wait)
+            for done in sorted(batch, key=lambda c: c.end_s):
+                if done.query_id in in_flight:
+                    finish(done)
+            if not batch and in_flight:
+                _check_alive(pool, {cid for _, cid, _, _ in in_flight.values()})
+
+    frame = pd.DataFrame([records[q.query_id] for q in pending], columns=_COLUMNS)
+    horizon = max([t for t in last_s.values() if math.isfinite(t)], default=0.0) + 1e6
+    cost_by_cluster = {cid: s.price_per_unit_s * s.size * s.timer.active_s(horizon) for cid, s in states.items()}
+    violation_rate = float(frame["violated"].mean()) if len(frame) else 0.0
+    return LiveResult(frame, float(sum(cost_by_cluster.values())), cost_by_cluster, violation_rate, events)
+
+
+def _check_alive(pool: Any, busy: set[str]) -> None:
+    """Raise if a cluster with queries in flight is gone (their completions will never come)."""
+    for info in pool.clusters():
+        if info.cluster_id in busy and info.state != "ready":
+            raise ClusterPoolError(f"Cluster {info.cluster_id!r} is {info.state} with queries in flight.")
+
+
+def _isolated_medians(log: pd.DataFrame, size: int) -> dict[str, float]:
+    """Median latency of each template run alone on ``size`` (ok rows)."""
+    from sloctl.datasets.analysis import overlap_counts
+
+    ok = log[log["status"] == "ok"].copy()
+    ok = ok[(overlap_counts(ok).to_numpy() == 0) & (ok["cluster_size"] == size)]
+    return ok.groupby("template")["latency_s"].median().to_dict()
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    """Run the block with ``n`` intra-op torch threads, then restore the setting.
+
+    The router runs in this process, on the same cores as the clusters. With
+    more than one thread, a small Iconq+ inference waits on its thread pool
+    (routing p90 ~200 ms against ~5 ms with one thread on a 2-core machine),
+    and every late decision delays every later arrival.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def live_router_experiment(
+    db_path: str | Path,
+    log: pd.DataFrame,
+    predictor: LatencyPredictor,
+    *,
+    clusters: tuple[tuple[str, int], ...] = (("c0", 1), ("c1", 1)),
+    load: float = 0.85,
+    kappa: float = 2.0,
+    copies: int = 2,
+    seed: int = 0,
+    slo_margin: float = 0.3,
+    cost_tolerance: float = 1.0,
+    minimum_s_factor: float = 5.0,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Round-robin vs the Iconq+ router on live clusters, on the same arrivals.
+
+    One seeded BaseWorkload(λ) over the TPC-H templates with isolated runs on
+    size 1 in ``log``: SLO = ``kappa ×`` each template's largest isolated
+    latency on size 1, ``λ = load × Σ sizes / ℓ̄`` and the billing minimum
+    ``minimum_s_factor × ℓ̄``, where ``ℓ̄`` is the mean (over templates) of the
+    median isolated latency on size 1 — the time scale of
+    :func:`sloctl.simulation.experiments.router_experiment`.
+
+    Args:
+        db_path: the TPC-H database the log was collected on.
+        log: query log with isolated runs on size 1 (SLOs, time scale, plan features).
+        predictor: an Iconq+ predictor (chronological after-pass).
+        clusters: ``(cluster_id, size)`` of the live clusters.
+        load: offered load as a fraction of the clusters' cores.
+        kappa: SLO multiplier.
+        copies: copies of every template in the workload.
+        seed: seed of the workload.
+        slo_margin, cost_tolerance: the Iconq+ router's settings.
+        minimum_s_factor: billing minimum window in units of ``ℓ̄``.
+        on_progress: ``(approach, finished, total)`` after every completion.
+
+    Returns:
+        A JSON-ready dict: ``live``, ``lambda``, ``load``, ``kappa``,
+        ``clusters`` (sizes), ``results`` (approach -> ``vr``, ``cost``),
+        ``baseline``, ``mean_delta`` and ``time_scale``.
+    """
+    import numpy as np
+
+    from sloctl.control.router import IconqRouter, RoundRobinRouter
+    from sloctl.datasets.tpc import Template, load_templates
+    from sloctl.datasets.workloads import base_workload
+    from sloctl.models.online import OnlinePredictor
+    from sloctl.simulation.experiments import mean_delta, slo_baselines
+
+    if not (math.isfinite(load) and load > 0):
+        raise ValueError(f"The 'load' parameter of live_router_experiment must be > 0, got {load!r}.")
+    if not (math.isfinite(kappa) and kappa > 0):
+        raise ValueError(f"The 'kappa' parameter of live_router_experiment must be > 0, got {kappa!r}.")
+    sql = {t.name: t.sql for t in load_templates("tpch")}
+    slo_ref = slo_baselines(log, 1)
+    isolated = _isolated_medians(log, 1)
+    templates = sorted(t for t in slo_ref if t in sql and t in isolated)
+    if not templates:
+        raise ValueError("The log has no TPC-H template with an isolated run on size 1; "
+                         "collect an isolated workload on size 1 first.")
+    mean_iso = float(np.mean([isolated[t] for t in templates]))
+    cores = sum(size for _, size in clusters)
+    rate = load * cores / mean_iso
+    minimum_s = minimum_s_factor * mean_iso
+    workload = base_workload([Template(t, sql[t]) for t in templates], rate, copies, seed=seed)
+    queries = [Query(i, q.template, q.arrival_s, kappa * slo_ref[q.template]) for i, q in enumerate(workload.queries)]
+    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
+
+    results: dict[str, dict[str, float]] = {}
+    with _torch_threads(1):
+        online = OnlinePredictor(predictor, table)
+        sizes = dict(clusters)
+        for t in templates:  # Stage estimates and features up front, so routing never waits for them
+            for size in set(sizes.values()):
+                online.features(t, size)
+        online.counterfactuals(templates[0], 0.0, sizes, 0.0)  # warm the network; changes nothing
+        routers = {"round-robin": RoundRobinRouter(),
+                   "iconq+cost": IconqRouter(online, slo_margin=slo_margin, cost_tolerance=cost_tolerance)}
+        for name, router in routers.items():
+            def progress(done: int, total: int, name: str = name) -> None:
+                if on_progress is not None:
+                    on_progress(name, done, total)
+
+            outcome = run_live(db_path, queries, list(clusters), router, minimum_s=minimum_s,
+                               sql_by_template=sql, on_progress=progress)
+            results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost}
+    return {
+        "live": True,
+        "lambda": rate,
+        "load": load,
+        "kappa": kappa,
+        "clusters": [size for _, size in clusters],
+        "results": results,
+        "baseline": "round-robin",
+        "mean_delta": mean_delta([results], "round-robin"),
+        "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": copies,
+                       "n_queries": len(queries)},
+    }
+
+
+def live_autoscale_experiment(
+    db_path: str | Path,
+    log: pd.DataFrame,
+    predictor: LatencyPredictor,
+    *,
+    load: float = 1.4,
+    kappa: float = 3.0,
+    copies: int = 3,
+    seed: int = 0,
+    slo_margin: float = 0.3,
+    cost_tolerance: float = 1.0,
+    minimum_s_factor: float = 5.0,
+    warmup_s: float = 1.0,
+    on_progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """One live scenario of the trigger experiment: a size-1 cluster under overload.
+
+    The Iconq+ router alone (no-op) against the same router with the
+    Autoscaler (observed + projected trigger, Spinup Size Selector over the
+    sizes that fit the free cores, teardown) on the same seeded arrivals.
+    Spin-ups are real processes; ``warmup_s`` is added to each, and the
+    autoscaler plans with that delay (plus the measured process start).
+    """
+    import os
+
+    import numpy as np
+
+    from sloctl.control.autoscaler import Autoscaler, AutoscalerConfig, SpinupTrigger
+    from sloctl.control.router import IconqRouter
+    from sloctl.datasets.tpc import Template, load_templates
+    from sloctl.datasets.workloads import base_workload
+    from sloctl.models.online import OnlinePredictor
+    from sloctl.simulation.experiments import ScalingExperimentConfig, mean_delta, slo_baselines
+
+    free = len(os.sched_getaffinity(0)) - 1
+    if free < 1:
+        raise ClusterPoolError("The live autoscaling experiment needs at least 2 cores (one to start on, one to add).")
+    sql = {t.name: t.sql for t in load_templates("tpch")}
+    slo_ref = slo_baselines(log, 1)
+    isolated = _isolated_medians(log, 1)
+    templates = sorted(t for t in slo_ref if t in sql and t in isolated)
+    if not templates:
+        raise ValueError("The log has no TPC-H template with an isolated run on size 1.")
+    mean_iso = float(np.mean([isolated[t] for t in templates]))
+    rate = load / mean_iso
+    minimum_s = minimum_s_factor * mean_iso
+    workload = base_workload([Template(t, sql[t]) for t in templates], rate, copies, seed=seed)
+    queries = [Query(i, q.template, q.arrival_s, kappa * slo_ref[q.template]) for i, q in enumerate(workload.queries)]
+    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
+    cfg = ScalingExperimentConfig()
+    sizes = tuple(s for s in (1, 2) if s <= free)
+    config = AutoscalerConfig(window_s=cfg.window_s * mean_iso, t_idle_s=cfg.t_idle_s * mean_iso,
+                              t_min_lifetime_s=cfg.t_min_lifetime_s * mean_iso, theta=cfg.theta,
+                              tau_trigger=cfg.tau_trigger, mu=cfg.mu, tau_target=cfg.tau_target,
+                              candidate_sizes=sizes, spinup_delay_s=warmup_s + 0.1, max_clusters=2)
+
+    def make_router(model: Any) -> IconqRouter:
+        return IconqRouter(model, slo_margin=slo_margin, cost_tolerance=cost_tolerance)
+
+    results: dict[str, dict[str, Any]] = {}
+    with _torch_threads(1):
+        for name in ("no-op", "ours"):
+            online = OnlinePredictor(predictor, table)
+            for t in templates:
+                for size in (1, *sizes):
+                    online.features(t, size)
+            router = make_router(online)
+            autoscaler = None
+            if name == "ours":
+                autoscaler = Autoscaler(config, SpinupTrigger(cfg.theta, cfg.tau_trigger), router, make_router,
+                                        mode="add", minimum_s=minimum_s)
+
+            def progress(done: int, total: int, name: str = name) -> None:
+                if on_progress is not None:
+                    on_progress(name, done, total)
+
+            outcome = run_live(db_path, queries, [("c0", 1)], router, minimum_s=minimum_s, sql_by_template=sql,
+                               on_progress=progress, autoscaler=autoscaler, warmup_s=warmup_s)
+            results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost,
+                             "spin_ups": sum(e["event"] == "spin_up" for e in outcome.events),
+                             "events": outcome.events}
+    return {"live": True, "lambda": rate, "load": load, "kappa": kappa, "clusters": [1], "results": results,
+            "baseline": "no-op",
+            "mean_delta": mean_delta([{k: {"vr": v["vr"], "cost": v["cost"]} for k, v in results.items()}], "no-op"),
+            "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "n_queries": len(queries),
+                           "warmup_s": warmup_s}}
