@@ -39,6 +39,7 @@ from sloctl.training.batches import collate_rows
 from sloctl.training.pipeline import train_iconq, train_stage
 
 LOG_PATH = Path("reports/bench_latency_log.parquet")
+BUNDLE_PATH = Path("reports/bench_iconq_plus")
 VARIANT_NAMES = {"iconq": "Iconq", "size": "+Size", "censored": "+Censored", "iconq_plus": "Iconq+"}
 
 
@@ -147,6 +148,10 @@ def main() -> None:
     verdict = "OK" if ratio <= 0.7 else "ABOVE TARGET"
     print(f"Iconq+ p90 / Stage-only p90 on queries with neighbours: {ratio:.2f} (target <= 0.70): {verdict}")
 
+    from sloctl.training.artifacts import save_predictor
+
+    save_predictor(iconq_plus.predictor, BUNDLE_PATH)
+    print(f"saved the Iconq+ model to {BUNDLE_PATH} (used by bench_router.py)")
     net = iconq_plus.predictor.net.eval()
     print("\nTime per arrival with R running queries (trained Iconq+ network, median of 50, one thread)")
     print(f"{'R':>5}{'incremental ms':>16}{'re-ingestion ms':>17}{'speed-up':>10}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -58,14 +59,21 @@ def time_decisions(predictor, table, n_clusters: int, running: int, decisions: i
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="Router decision time vs clusters and running queries.")
-    parser.add_argument("--model", default="models:/iconq@champion")
-    parser.add_argument("--log", default="reports/demo_log.parquet", help="log whose templates give features")
+    parser.add_argument("--model", default=None,
+                        help="default: reports/bench_iconq_plus (from bench_latency_models.py), else the champion")
+    parser.add_argument("--log", default=None, help="log whose templates give features (default: the bench log, "
+                        "else the demo log)")
     parser.add_argument("--decisions", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    predictor = load_model(args.model, tracking_uri=load_config().registry.tracking_uri)
-    table = read_log(args.log).drop_duplicates("template").reset_index(drop=True)
+    model = args.model or ("reports/bench_iconq_plus" if Path("reports/bench_iconq_plus").is_dir()
+                           else "models:/iconq@champion")
+    predictor = load_model(model, tracking_uri=load_config().registry.tracking_uri)
+    print(f"model: {model}")
+    log = args.log or ("reports/bench_latency_log.parquet" if Path("reports/bench_latency_log.parquet").is_file()
+                       else "reports/demo_log.parquet")
+    table = read_log(log).drop_duplicates("template").reset_index(drop=True)
     rr = RoundRobinRouter()
     clusters = [ClusterState(f"c{i}", 1, BillingTimer(60.0)) for i in range(4)]
     rr_ms = []
