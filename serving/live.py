@@ -286,6 +286,25 @@ def _isolated_medians(log: pd.DataFrame, size: int) -> dict[str, float]:
     return ok.groupby("template")["latency_s"].median().to_dict()
 
 
+def _live_setup(log: pd.DataFrame) -> tuple[dict[str, str], dict[str, float], list[str], float, pd.DataFrame]:
+    """SQL per TPC-H template, SLO references, usable templates, time unit ℓ̄ and feature table."""
+    import numpy as np
+
+    from sloctl.datasets.tpc import load_templates
+    from sloctl.simulation.experiments import slo_baselines
+
+    sql = {t.name: t.sql for t in load_templates("tpch")}
+    slo_ref = slo_baselines(log, 1)
+    isolated = _isolated_medians(log, 1)
+    templates = sorted(t for t in slo_ref if t in sql and t in isolated)
+    if not templates:
+        raise ValueError("The log has no TPC-H template with an isolated run on size 1; "
+                         "collect an isolated workload on size 1 first.")
+    mean_iso = float(np.mean([isolated[t] for t in templates]))
+    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
+    return sql, slo_ref, templates, mean_iso, table
+
+
 @contextlib.contextmanager
 def _torch_threads(n: int) -> Iterator[None]:
     """Run the block with ``n`` intra-op torch threads, then restore the setting.
@@ -347,32 +366,23 @@ def live_router_experiment(
         ``clusters`` (sizes), ``results`` (approach -> ``vr``, ``cost``),
         ``baseline``, ``mean_delta`` and ``time_scale``.
     """
-    import numpy as np
 
     from sloctl.control.router import IconqRouter, RoundRobinRouter
-    from sloctl.datasets.tpc import Template, load_templates
+    from sloctl.datasets.tpc import Template
     from sloctl.datasets.workloads import base_workload
     from sloctl.models.online import OnlinePredictor
-    from sloctl.simulation.experiments import mean_delta, slo_baselines
+    from sloctl.simulation.experiments import mean_delta
 
     if not (math.isfinite(load) and load > 0):
         raise ValueError(f"The 'load' parameter of live_router_experiment must be > 0, got {load!r}.")
     if not (math.isfinite(kappa) and kappa > 0):
         raise ValueError(f"The 'kappa' parameter of live_router_experiment must be > 0, got {kappa!r}.")
-    sql = {t.name: t.sql for t in load_templates("tpch")}
-    slo_ref = slo_baselines(log, 1)
-    isolated = _isolated_medians(log, 1)
-    templates = sorted(t for t in slo_ref if t in sql and t in isolated)
-    if not templates:
-        raise ValueError("The log has no TPC-H template with an isolated run on size 1; "
-                         "collect an isolated workload on size 1 first.")
-    mean_iso = float(np.mean([isolated[t] for t in templates]))
+    sql, slo_ref, templates, mean_iso, table = _live_setup(log)
     cores = sum(size for _, size in clusters)
     rate = load * cores / mean_iso
     minimum_s = minimum_s_factor * mean_iso
     workload = base_workload([Template(t, sql[t]) for t in templates], rate, copies, seed=seed)
     queries = [Query(i, q.template, q.arrival_s, kappa * slo_ref[q.template]) for i, q in enumerate(workload.queries)]
-    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
 
     results: dict[str, dict[str, float]] = {}
     with _torch_threads(1):
@@ -431,36 +441,24 @@ def live_autoscale_experiment(
     """
     import os
 
-    import numpy as np
-
-    from sloctl.control.autoscaler import Autoscaler, AutoscalerConfig, SpinupTrigger
+    from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
     from sloctl.control.router import IconqRouter
-    from sloctl.datasets.tpc import Template, load_templates
+    from sloctl.datasets.tpc import Template
     from sloctl.datasets.workloads import base_workload
     from sloctl.models.online import OnlinePredictor
-    from sloctl.simulation.experiments import ScalingExperimentConfig, mean_delta, slo_baselines
+    from sloctl.simulation.experiments import ScalingExperimentConfig, autoscaler_config, mean_delta
 
     free = len(os.sched_getaffinity(0)) - 1
     if free < 1:
         raise ClusterPoolError("The live autoscaling experiment needs at least 2 cores (one to start on, one to add).")
-    sql = {t.name: t.sql for t in load_templates("tpch")}
-    slo_ref = slo_baselines(log, 1)
-    isolated = _isolated_medians(log, 1)
-    templates = sorted(t for t in slo_ref if t in sql and t in isolated)
-    if not templates:
-        raise ValueError("The log has no TPC-H template with an isolated run on size 1.")
-    mean_iso = float(np.mean([isolated[t] for t in templates]))
+    sql, slo_ref, templates, mean_iso, table = _live_setup(log)
     rate = load / mean_iso
     minimum_s = minimum_s_factor * mean_iso
     workload = base_workload([Template(t, sql[t]) for t in templates], rate, copies, seed=seed)
     queries = [Query(i, q.template, q.arrival_s, kappa * slo_ref[q.template]) for i, q in enumerate(workload.queries)]
-    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
     cfg = ScalingExperimentConfig()
     sizes = tuple(s for s in (1, 2) if s <= free)
-    config = AutoscalerConfig(window_s=cfg.window_s * mean_iso, t_idle_s=cfg.t_idle_s * mean_iso,
-                              t_min_lifetime_s=cfg.t_min_lifetime_s * mean_iso, theta=cfg.theta,
-                              tau_trigger=cfg.tau_trigger, mu=cfg.mu, tau_target=cfg.tau_target,
-                              candidate_sizes=sizes, spinup_delay_s=warmup_s + 0.1, max_clusters=2)
+    config = autoscaler_config(cfg, mean_iso, candidate_sizes=sizes, spinup_delay_s=warmup_s + 0.1, max_clusters=2)
 
     def make_router(model: Any) -> IconqRouter:
         return IconqRouter(model, slo_margin=slo_margin, cost_tolerance=cost_tolerance)

@@ -20,7 +20,7 @@ import numpy as np
 
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter
 from sloctl.simulation.engine import WarehouseSimulator
-from sloctl.simulation.experiments import ScalingExperimentConfig, _scaling_setup
+from sloctl.simulation.experiments import ScalingExperimentConfig, _scaling_setup, autoscaler_config
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,7 +36,7 @@ def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int 
                   peak_load: float = 1.6, kappa: float = 3.0, seed: int = 0, contour_file: str | None = None,
                   slo_margin: float = 0.3, cost_tolerance: float = 1.0) -> dict[str, Any]:
     """Run the day; returns totals and per-hour VR / cumulative cost per approach."""
-    from sloctl.control.autoscaler import Autoscaler, AutoscalerConfig, QueueTrigger, SpinupTrigger
+    from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
     from sloctl.datasets.tpc import Template
     from sloctl.datasets.workloads import contour_workload, hourly_counts
     from sloctl.models.online import OnlinePredictor
@@ -56,10 +56,7 @@ def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int 
     marks = tuple(int(np.searchsorted(arrivals, h * hour_s)) for h in range(1, hours)
                   if np.searchsorted(arrivals, h * hour_s) < len(queries))
     minimum_s = cfg.minimum_s * mean_iso
-    scaled = AutoscalerConfig(window_s=cfg.window_s * mean_iso, t_idle_s=cfg.t_idle_s * mean_iso,
-                              t_min_lifetime_s=cfg.t_min_lifetime_s * mean_iso, theta=cfg.theta,
-                              tau_trigger=cfg.tau_trigger, mu=cfg.mu, tau_target=cfg.tau_target,
-                              candidate_sizes=cfg.candidate_sizes, spinup_delay_s=cfg.spinup_delay_s * mean_iso)
+    scaled = autoscaler_config(cfg, mean_iso)
 
     def make_router(model: Any) -> IconqRouter:
         return IconqRouter(model, slo_margin=slo_margin, cost_tolerance=cost_tolerance)

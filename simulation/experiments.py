@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RouterExperimentConfig",
     "ScalingExperimentConfig",
+    "autoscaler_config",
     "mean_delta",
     "router_experiment",
     "scaling_experiment",
@@ -92,6 +93,19 @@ def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dic
     return out
 
 
+def _setup(log: pd.DataFrame, sizes: set[int], seed: int):
+    """World, calibration report, SLO references, usable templates, time unit and feature table."""
+    world, report = calibrate(log, seed=seed)
+    sizes = sorted(sizes)
+    slo_ref = slo_baselines(log, min(sizes))
+    templates = [t for t in world.templates() if t in slo_ref and all((t, s) in world.isolated_s for s in sizes)]
+    if not templates:
+        raise ValueError(f"The log has no template with isolated runs on every size {sizes}.")
+    mean_iso = float(np.mean([world.isolated_s[(t, min(sizes))] for t in templates]))
+    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
+    return world, report, slo_ref, templates, mean_iso, table
+
+
 def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: RouterExperimentConfig | None = None,
                       *, on_scenario: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Run the router scenarios; returns the JSON-ready result (see ``sloctl experiment router``)."""
@@ -100,14 +114,8 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
     from sloctl.models.online import OnlinePredictor
 
     cfg = cfg or RouterExperimentConfig()
-    world, report = calibrate(log, seed=cfg.seed)
-    sizes = sorted({s for cs in cfg.cluster_sets for s in cs})
-    slo_ref = slo_baselines(log, min(sizes))
-    templates = [t for t in world.templates() if t in slo_ref and all((t, s) in world.isolated_s for s in sizes)]
-    if not templates:
-        raise ValueError(f"The log has no template with isolated runs on every size {sizes}.")
-    mean_iso = float(np.mean([world.isolated_s[(t, min(sizes))] for t in templates]))
-    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
+    world, report, slo_ref, templates, mean_iso, table = _setup(
+        log, {s for cs in cfg.cluster_sets for s in cs}, cfg.seed)
     minimum_s = cfg.minimum_s * mean_iso
     scenarios = []
     for load in cfg.loads:
@@ -180,30 +188,32 @@ class ScalingExperimentConfig:
     cost_tolerance: float = 1.0
 
 
+def autoscaler_config(cfg: ScalingExperimentConfig, mean_iso: float, *, candidate_sizes: tuple[int, ...] | None = None,
+                      spinup_delay_s: float | None = None, max_clusters: int = 4) -> Any:
+    """The :class:`~sloctl.control.autoscaler.AutoscalerConfig` of ``cfg`` in seconds (units × ``mean_iso``)."""
+    from sloctl.control.autoscaler import AutoscalerConfig
+
+    return AutoscalerConfig(
+        window_s=cfg.window_s * mean_iso, t_idle_s=cfg.t_idle_s * mean_iso,
+        t_min_lifetime_s=cfg.t_min_lifetime_s * mean_iso, theta=cfg.theta, tau_trigger=cfg.tau_trigger, mu=cfg.mu,
+        tau_target=cfg.tau_target, candidate_sizes=candidate_sizes or cfg.candidate_sizes,
+        spinup_delay_s=spinup_delay_s if spinup_delay_s is not None else cfg.spinup_delay_s * mean_iso,
+        max_clusters=max_clusters)
+
+
 def _scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig):
-    world, report = calibrate(log, seed=cfg.seed)
-    sizes = sorted(set(cfg.start_sizes) | set(cfg.candidate_sizes))
-    slo_ref = slo_baselines(log, min(sizes))
-    templates = [t for t in world.templates() if t in slo_ref and all((t, s) in world.isolated_s for s in sizes)]
-    if not templates:
-        raise ValueError(f"The log has no template with isolated runs on every size {sizes}.")
-    mean_iso = float(np.mean([world.isolated_s[(t, min(sizes))] for t in templates]))
-    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
-    return world, report, slo_ref, templates, mean_iso, table
+    return _setup(log, set(cfg.start_sizes) | set(cfg.candidate_sizes), cfg.seed)
 
 
 def _run_scaling(kind: str, approach: str, world, predictor, table, queries, start_size: int, cfg, mean_iso: float):
-    from sloctl.control.autoscaler import Autoscaler, AutoscalerConfig, QueueTrigger, SpinupTrigger
+    from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
     from sloctl.models.online import OnlinePredictor
 
     def make_router(model):
         return IconqRouter(model, slo_margin=cfg.slo_margin, cost_tolerance=cfg.cost_tolerance)
 
     router = make_router(OnlinePredictor(predictor, table))
-    scaled = AutoscalerConfig(window_s=cfg.window_s * mean_iso, t_idle_s=cfg.t_idle_s * mean_iso,
-                              t_min_lifetime_s=cfg.t_min_lifetime_s * mean_iso, theta=cfg.theta,
-                              tau_trigger=cfg.tau_trigger, mu=cfg.mu, tau_target=cfg.tau_target,
-                              candidate_sizes=cfg.candidate_sizes, spinup_delay_s=cfg.spinup_delay_s * mean_iso)
+    scaled = autoscaler_config(cfg, mean_iso)
     minimum_s = cfg.minimum_s * mean_iso
     n = len(queries)
     if kind == "sizer":
