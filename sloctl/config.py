@@ -97,7 +97,7 @@ class WorkloadConfig:
     contour_instance: int = -1
     contour_hours: int = 24
     time_compression: float = 3600.0
-    count_scale: float = 1.0
+    count_scale: float = 0.05
 
 
 @dataclass(frozen=True)
