@@ -106,6 +106,20 @@ def _setup(log: pd.DataFrame, sizes: set[int], seed: int):
     return world, report, slo_ref, templates, mean_iso, table
 
 
+def _predictor_error(frames: list[pd.DataFrame]) -> dict[str, float]:
+    """Q-error of the routers' predictions (made at routing time) against the world's latencies."""
+    from sloctl.models.metrics import q_error_summary
+
+    if not frames:
+        return q_error_summary(np.empty(0), np.empty(0))
+    import pandas as pd
+
+    both = pd.concat(frames, ignore_index=True).dropna()
+    out = q_error_summary(both["predicted_s"].to_numpy(), both["latency_s"].to_numpy())
+    out["under_predicted"] = float((both["predicted_s"] < both["latency_s"]).mean())
+    return out
+
+
 def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: RouterExperimentConfig | None = None,
                       *, on_scenario: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Run the router scenarios; returns the JSON-ready result (see ``sloctl experiment router``)."""
@@ -118,6 +132,7 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
         log, {s for cs in cfg.cluster_sets for s in cs}, cfg.seed)
     minimum_s = cfg.minimum_s * mean_iso
     scenarios = []
+    predicted_vs_world: list[pd.DataFrame] = []
     for load in cfg.loads:
         rate = load * 2.0 / mean_iso
         workload = base_workload([Template(t, "") for t in templates], rate, cfg.copies, seed=cfg.seed)
@@ -137,6 +152,8 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                     sim = WarehouseSimulator(world, clusters, router, minimum_s=minimum_s, seed=cfg.seed)
                     outcome = sim.run(queries)
                     results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost}
+                    if name == "iconq+cost":
+                        predicted_vs_world.append(outcome.queries[["predicted_s", "latency_s"]])
                 scenario = {"lambda": rate, "load": load, "kappa": kappa, "clusters": list(sizes_set),
                             "results": results}
                 scenarios.append(scenario)
@@ -149,6 +166,7 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
         "world": {"alpha": {str(k): v for k, v in report.alpha.items()}, "noise_sigma": report.noise_sigma,
                   "heldout_q_error": report.heldout_q_error,
                   "heldout_q_error_concurrent": report.heldout_q_error_concurrent},
+        "predictor_vs_world": _predictor_error(predicted_vs_world),
         "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": cfg.copies},
     }
 
@@ -224,6 +242,7 @@ def _run_scaling(kind: str, approach: str, world, predictor, table, queries, sta
         out = sim.run(queries)
         last = out.queries.sort_values("arrival_s").iloc[int(0.8 * n):]
         return {"vr": float(last["violated"].mean()), "cost": out.cost_since(int(0.8 * n)),
+                "_predictions": out.queries[["predicted_s", "latency_s"]],
                 "clusters": sorted(set(out.queries["cluster_size"].astype(int)))}
     trigger = {"no-op": None, "queue": QueueTrigger(cfg.queue_n),
                "observed": SpinupTrigger(cfg.theta, cfg.tau_trigger, observed_only=True),
@@ -233,7 +252,7 @@ def _run_scaling(kind: str, approach: str, world, predictor, table, queries, sta
     sim = WarehouseSimulator(world, [("c0", start_size)], router, minimum_s=minimum_s, seed=cfg.seed,
                              autoscaler=autoscaler)
     out = sim.run(queries)
-    return {"vr": out.violation_rate, "cost": out.cost,
+    return {"vr": out.violation_rate, "cost": out.cost, "_predictions": out.queries[["predicted_s", "latency_s"]],
             "spin_ups": sum(e["event"] == "spin_up" for e in out.events)}
 
 
@@ -256,6 +275,7 @@ def scaling_experiment(kind: str, log: pd.DataFrame, predictor: LatencyPredictor
     approaches = (("no-op", "horizontal", "vertical+ours", "add+ours") if kind == "sizer"
                   else ("no-op", "queue", "observed", "ours"))
     scenarios = []
+    predicted_vs_world: list[pd.DataFrame] = []
     for load in cfg.loads:
         rate = load / mean_iso
         workload = base_workload([Template(t, "") for t in templates], rate, cfg.copies, seed=cfg.seed)
@@ -265,6 +285,8 @@ def scaling_experiment(kind: str, log: pd.DataFrame, predictor: LatencyPredictor
             for start in cfg.start_sizes:
                 results = {a: _run_scaling(kind, a, world, predictor, table, queries, start, cfg, mean_iso)
                            for a in approaches}
+                for r in results.values():
+                    predicted_vs_world.append(r.pop("_predictions"))
                 scenario = {"lambda": rate, "load": load, "kappa": kappa, "clusters": [start], "results": results}
                 scenarios.append(scenario)
                 if on_scenario is not None:
@@ -276,5 +298,6 @@ def scaling_experiment(kind: str, log: pd.DataFrame, predictor: LatencyPredictor
                                   for s in scenarios], "no-op"),
         "world": {"alpha": {str(k): v for k, v in report.alpha.items()},
                   "heldout_q_error": report.heldout_q_error},
+        "predictor_vs_world": _predictor_error(predicted_vs_world),
         "time_scale": {"mean_isolated_s": mean_iso, "unit": "mean isolated latency on size 1"},
     }

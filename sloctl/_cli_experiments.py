@@ -61,12 +61,19 @@ def experiment_router_cmd(
     if as_json:
         typer.echo(json.dumps(result))
         return
-    world = result["world"]
-    echo(f"emulated world: alpha {world['alpha']}, its held-out Q-error p50 {world['heldout_q_error']['p50']:.3f} "
-         f"p90 {world['heldout_q_error']['p90']:.3f}")
+    _report_errors(result)
     for approach, delta in result["mean_delta"].items():
         typer.echo(f"mean Δ vs {result['baseline']}: {approach:<12} VR {delta['vr']:+.1%} (over {delta['n_vr']} "
                    f"scenarios with VR > 0)  cost {delta['cost']:+.1%}")
+
+
+def _report_errors(result: dict) -> None:
+    """How far the world is from real runs, and the policies' predictor from the world."""
+    world, pred = result["world"], result["predictor_vs_world"]
+    echo(f"emulated world vs held-out real runs: Q-error p50 {world['heldout_q_error']['p50']:.3f} "
+         f"p90 {world['heldout_q_error']['p90']:.3f} (alpha {world['alpha']})")
+    echo(f"policies' predictor (at routing time) vs the world: Q-error p50 {pred['p50']:.3f} p90 {pred['p90']:.3f}, "
+         f"{pred.get('under_predicted', float('nan')):.0%} under-predicted")
 
 
 def _live_db(db: Path | None, cfg: SloctlConfig) -> Path:
@@ -131,6 +138,7 @@ def _scaling(kind: str, log: Path, model: str, copies: int, seed: int, as_json: 
     if as_json:
         typer.echo(json.dumps(result))
         return
+    _report_errors(result)
     for approach, delta in result["mean_delta"].items():
         typer.echo(f"mean Δ vs {result['baseline']}: {approach:<14} VR {delta['vr']:+.1%} (over {delta['n_vr']} "
                    f"scenarios with VR > 0)  cost {delta['cost']:+.1%}")

@@ -1,0 +1,55 @@
+"""The experiment runners produce the documented JSON shape (tiny, simulated)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from sloctl.config import load_config
+from sloctl.simulation.experiments import (
+    RouterExperimentConfig,
+    ScalingExperimentConfig,
+    mean_delta,
+    router_experiment,
+    scaling_experiment,
+)
+from sloctl.training.pipeline import train_iconq
+
+
+@pytest.fixture(scope="module")
+def iconq_plus(sim_log):
+    cfg = load_config()
+    return train_iconq(sim_log, cfg.stage, dataclasses.replace(cfg.iconq, max_epochs=3)).predictor
+
+
+def test_router_experiment_json_shape(sim_log, iconq_plus):
+    cfg = RouterExperimentConfig(loads=(0.8,), kappas=(2.0,), cluster_sets=((2, 1),), copies=2)
+    result = json.loads(json.dumps(router_experiment(sim_log, iconq_plus, cfg)))
+    assert result["baseline"] == "round-robin"
+    (scenario,) = result["scenarios"]
+    assert scenario["clusters"] == [2, 1] and scenario["kappa"] == 2.0 and scenario["lambda"] > 0
+    assert set(scenario["results"]) == {"round-robin", "stage+cost", "iconq+cost"}
+    assert all(0 <= r["vr"] <= 1 and r["cost"] > 0 for r in scenario["results"].values())
+    assert set(result["mean_delta"]) == {"stage+cost", "iconq+cost"}
+    assert result["predictor_vs_world"]["p50"] >= 1.0
+
+
+def test_scaling_experiments_json_shape(sim_log, iconq_plus):
+    cfg = ScalingExperimentConfig(loads=(1.4,), kappas=(3.0,), start_sizes=(1,), copies=2)
+    sizer = scaling_experiment("sizer", sim_log, iconq_plus, cfg)
+    assert set(sizer["scenarios"][0]["results"]) == {"no-op", "horizontal", "vertical+ours", "add+ours"}
+    trigger = scaling_experiment("trigger", sim_log, iconq_plus, cfg)
+    assert set(trigger["scenarios"][0]["results"]) == {"no-op", "queue", "observed", "ours"}
+    assert trigger["baseline"] == sizer["baseline"] == "no-op"
+    with pytest.raises(ValueError, match="'kind'"):
+        scaling_experiment("nope", sim_log, iconq_plus, cfg)
+
+
+def test_mean_delta_is_the_mean_relative_change_and_skips_zero_baselines():
+    results = [{"rr": {"vr": 0.5, "cost": 10.0}, "x": {"vr": 0.25, "cost": 12.0}},
+               {"rr": {"vr": 0.0, "cost": 10.0}, "x": {"vr": 0.1, "cost": 8.0}}]
+    delta = mean_delta(results, "rr")["x"]
+    assert delta["vr"] == pytest.approx(-0.5) and delta["n_vr"] == 1
+    assert delta["cost"] == pytest.approx(0.0) and delta["n_cost"] == 2
