@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["overlap_counts", "plot_latency_vs_concurrency", "template_summary"]
+__all__ = ["overlap_counts", "plot_latency_vs_concurrency", "save_figure", "template_summary"]
 
 
 def overlap_counts(df: pd.DataFrame) -> pd.Series:
@@ -91,6 +91,13 @@ def plot_latency_vs_concurrency(df: pd.DataFrame, path: str | Path) -> Path:
     ax.set_ylabel("latency / isolated latency of the template")
     ax.set_title("Interference on DuckDB clusters")
     ax.legend()
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write (folders created) and close a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -78,16 +78,12 @@ def run_on_cluster(
     in_flight: dict[int, tuple[Any, float]] = {}  # query_id -> (item, arrival monotonic)
     rows: list[dict[str, Any]] = []
     lags: list[float] = []
+    # plan features per query text, explained up front so EXPLAIN never delays a dispatch
+    hashes = {index: sql_hash(item.sql) for index, item in items}
     feature_cache: dict[str, dict[str, float]] = {}
-
-    def row_features(sql: str) -> dict[str, float]:
-        key = sql_hash(sql)
-        if key not in feature_cache:
-            feature_cache[key] = features(sql) if features is not None else empty_features()
-        return feature_cache[key]
-
-    for _, item in items:  # explain up front, so EXPLAIN never delays a dispatch
-        row_features(item.sql)
+    for index, item in items:
+        if hashes[index] not in feature_cache:
+            feature_cache[hashes[index]] = features(item.sql) if features is not None else empty_features()
     base = time.monotonic() + _LEAD_S
 
     while items or in_flight:
@@ -111,12 +107,13 @@ def run_on_cluster(
             if done.query_id not in in_flight:
                 continue  # not ours (another run on the same pool)
             item, arrival = in_flight.pop(done.query_id)
+            key = hashes[done.query_id - first_query_id]
             if limit is None:
                 lags.append(done.start_s - arrival)
             rows.append({
                 "query_id": done.query_id,
                 "template": item.template,
-                "sql_hash": sql_hash(item.sql),
+                "sql_hash": key,
                 "cluster_id": cluster_id,
                 "cluster_size": cluster_size,
                 "arrival_s": arrival - clock_zero_s,
@@ -126,7 +123,7 @@ def run_on_cluster(
                 "status": done.status,
                 "slo_s": math.nan,
                 "oversubscribed": done.oversubscribed,
-                **row_features(item.sql),
+                **feature_cache[key],
                 "error": done.error,
                 "workload": workload.name,
             })

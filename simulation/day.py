@@ -20,7 +20,7 @@ import numpy as np
 
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter
 from sloctl.simulation.engine import WarehouseSimulator
-from sloctl.simulation.experiments import ScalingExperimentConfig, _scaling_setup, autoscaler_config
+from sloctl.simulation.experiments import ScalingExperimentConfig, autoscaler_config, scaling_setup
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,7 +42,7 @@ def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int 
     from sloctl.models.online import OnlinePredictor
 
     cfg = ScalingExperimentConfig(seed=seed, slo_margin=slo_margin, cost_tolerance=cost_tolerance)
-    world, report, slo_ref, templates, mean_iso, table = _scaling_setup(log, cfg)
+    world, report, slo_ref, templates, mean_iso, table = scaling_setup(log, cfg)
     source = contour_file if contour_file is not None else (str(SHARED_HOURLY) if SHARED_HOURLY.is_file() else None)
     counts = hourly_counts(source, hours=hours, seed=seed)
     hour_s = hour_units * mean_iso
@@ -93,6 +93,8 @@ def plot_day(day: dict[str, Any], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from sloctl.datasets.analysis import save_figure
+
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), dpi=110, sharex=True)
     for name, r in day["results"].items():
         hours = np.arange(len(r["per_hour_vr"]))
@@ -105,9 +107,4 @@ def plot_day(day: dict[str, Any], path: str | Path) -> Path:
     bottom.set_ylabel("cumulative cost")
     bottom.set_xlabel("hour of the day (compressed)")
     bottom.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -31,6 +31,7 @@ __all__ = [
     "autoscaler_config",
     "mean_delta",
     "router_experiment",
+    "scaling_setup",
     "scaling_experiment",
     "slo_baselines",
 ]
@@ -120,6 +121,22 @@ def _predictor_error(frames: list[pd.DataFrame]) -> dict[str, float]:
     return out
 
 
+def _result(scenarios: list[dict], baseline: str, report: Any, predicted_vs_world: list[pd.DataFrame],
+            time_scale: dict[str, Any]) -> dict[str, Any]:
+    """The JSON shape every simulated experiment returns."""
+    results = [{a: {"vr": r["vr"], "cost": r["cost"]} for a, r in s["results"].items()} for s in scenarios]
+    return {
+        "scenarios": scenarios,
+        "baseline": baseline,
+        "mean_delta": mean_delta(results, baseline),
+        "world": {"alpha": {str(k): v for k, v in report.alpha.items()}, "noise_sigma": report.noise_sigma,
+                  "heldout_q_error": report.heldout_q_error,
+                  "heldout_q_error_concurrent": report.heldout_q_error_concurrent},
+        "predictor_vs_world": _predictor_error(predicted_vs_world),
+        "time_scale": time_scale,
+    }
+
+
 def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: RouterExperimentConfig | None = None,
                       *, on_scenario: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Run the router scenarios; returns the JSON-ready result (see ``sloctl experiment router``)."""
@@ -159,16 +176,8 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                 scenarios.append(scenario)
                 if on_scenario is not None:
                     on_scenario(scenario)
-    return {
-        "scenarios": scenarios,
-        "baseline": "round-robin",
-        "mean_delta": mean_delta([s["results"] for s in scenarios], "round-robin"),
-        "world": {"alpha": {str(k): v for k, v in report.alpha.items()}, "noise_sigma": report.noise_sigma,
-                  "heldout_q_error": report.heldout_q_error,
-                  "heldout_q_error_concurrent": report.heldout_q_error_concurrent},
-        "predictor_vs_world": _predictor_error(predicted_vs_world),
-        "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": cfg.copies},
-    }
+    return _result(scenarios, "round-robin", report, predicted_vs_world,
+                   {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": cfg.copies})
 
 
 @dataclass(frozen=True)
@@ -219,7 +228,8 @@ def autoscaler_config(cfg: ScalingExperimentConfig, mean_iso: float, *, candidat
         max_clusters=max_clusters)
 
 
-def _scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig):
+def scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig):
+    """:func:`_setup` for the sizes a scaling experiment starts with or may add."""
     return _setup(log, set(cfg.start_sizes) | set(cfg.candidate_sizes), cfg.seed)
 
 
@@ -271,7 +281,7 @@ def scaling_experiment(kind: str, log: pd.DataFrame, predictor: LatencyPredictor
     if kind not in ("sizer", "trigger"):
         raise ValueError(f"The 'kind' parameter must be 'sizer' or 'trigger', got {kind!r}.")
     cfg = cfg or ScalingExperimentConfig()
-    world, report, slo_ref, templates, mean_iso, table = _scaling_setup(log, cfg)
+    world, report, slo_ref, templates, mean_iso, table = scaling_setup(log, cfg)
     approaches = (("no-op", "horizontal", "vertical+ours", "add+ours") if kind == "sizer"
                   else ("no-op", "queue", "observed", "ours"))
     scenarios = []
@@ -291,13 +301,5 @@ def scaling_experiment(kind: str, log: pd.DataFrame, predictor: LatencyPredictor
                 scenarios.append(scenario)
                 if on_scenario is not None:
                     on_scenario(scenario)
-    return {
-        "scenarios": scenarios,
-        "baseline": "no-op",
-        "mean_delta": mean_delta([{a: {"vr": r["vr"], "cost": r["cost"]} for a, r in s["results"].items()}
-                                  for s in scenarios], "no-op"),
-        "world": {"alpha": {str(k): v for k, v in report.alpha.items()},
-                  "heldout_q_error": report.heldout_q_error},
-        "predictor_vs_world": _predictor_error(predicted_vs_world),
-        "time_scale": {"mean_isolated_s": mean_iso, "unit": "mean isolated latency on size 1"},
-    }
+    return _result(scenarios, "no-op", report, predicted_vs_world,
+                   {"mean_isolated_s": mean_iso, "unit": "mean isolated latency on size 1"})

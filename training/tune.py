@@ -109,9 +109,10 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("optuna").setLevel(logging.WARNING)
     study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True, direction="minimize",
-                                sampler=optuna.samplers.TPESampler(seed=seed + len_trials(storage, study_name)),
                                 pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=2))
     before = len(study.trials)
+    # a resumed study gets a fresh (still seeded) sampler stream, so it does not retry the first trials
+    study.sampler = optuna.samplers.TPESampler(seed=seed + before)
 
     def objective(trial: Any) -> float:
         if model == "stage":
@@ -131,16 +132,6 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
         run_id = _log_best(study, model, cfg)
     return TuneResult(study_name=study_name, n_trials=len(study.trials), n_new=len(study.trials) - before,
                       best_value=study.best_value, best_params=study.best_params, mlflow_run_id=run_id)
-
-
-def len_trials(storage: str, study_name: str) -> int:
-    """Trials already in a study (0 if it does not exist); varies the sampler seed on resume."""
-    import optuna
-
-    try:
-        return len(optuna.load_study(study_name=study_name, storage=storage).trials)
-    except KeyError:
-        return 0
 
 
 def _log_best(study: Any, model: str, cfg: SloctlConfig) -> str:
