@@ -72,8 +72,10 @@ class LatencyPredictor:
             frame: log-shaped rows (plan features, ``cluster_size``,
                 ``cluster_id``, ``arrival_s``; ``start_s``/``end_s`` if known).
             neighbours: ``"overlap"`` — neighbours are rows whose executions
-                overlap (needs start/end); ``"all"`` — every other row on the
-                same cluster; ``"auto"`` — overlap when end times are known.
+                overlap (needs start/end); ``"arrival"`` — only the overlapping
+                rows that arrived earlier, i.e. what a router sees when the
+                query arrives; ``"all"`` — every other row on the same
+                cluster; ``"auto"`` — overlap when end times are known.
         """
         stage_s = self.stage.predict(frame)
         if self.net is None:
@@ -115,8 +117,11 @@ class LatencyPredictor:
     def _neighbours(frame: pd.DataFrame, mode: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
         if mode == "overlap":
             return neighbour_lists(frame)
+        if mode == "arrival":
+            before, _ = neighbour_lists(frame)
+            return before, [np.empty(0, dtype=np.int64)] * len(frame)
         if mode != "all":
-            raise ValueError(f"The 'neighbours' parameter must be 'overlap', 'all' or 'auto', got {mode!r}.")
+            raise ValueError(f"The 'neighbours' parameter must be 'overlap', 'arrival', 'all' or 'auto', got {mode!r}.")
         n = len(frame)
         before: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n
         after: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["ConfigOption", "load_cli_config", "parse_sizes", "echo"]
+__all__ = ["ConfigOption", "load_cli_config", "parse_sizes", "echo", "router_margin"]
 
 ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (default: configs/default.yaml).")
 
@@ -32,3 +32,14 @@ def echo(message: str) -> None:
     typer.echo(message, err=True)
 
 
+
+
+def router_margin(cfg, predictor, log) -> float:
+    """The router's SLO margin: the configured one, else calibrated on ``log`` (and said so)."""
+    if cfg.router.slo_margin is not None:
+        return cfg.router.slo_margin
+    from sloctl.training.calibration import calibrate_slo_margin
+
+    calibration = calibrate_slo_margin(predictor, log, cfg.router.risk_quantile)
+    echo(calibration.describe())
+    return calibration.slo_margin

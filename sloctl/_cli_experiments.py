@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from sloctl._cli_common import ConfigOption, echo, load_cli_config
+from sloctl._cli_common import ConfigOption, echo, load_cli_config, router_margin
 
 if TYPE_CHECKING:
     from sloctl.config import SloctlConfig
@@ -55,7 +55,7 @@ def experiment_router_cmd(
         cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
         echo(f"load {s['load']:.2f} (λ={s['lambda']:.2f}/s) κ={s['kappa']:g} clusters={s['clusters']}: {cells}")
 
-    experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=cfg.router.slo_margin,
+    experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=router_margin(cfg, predictor, frame),
                                         cost_tolerance=cfg.router.cost_tolerance)
     result = router_experiment(frame, predictor, experiment, on_scenario=progress)
     if as_json:
@@ -104,8 +104,8 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
             echo(f"{approach}: {total} queries done live")
 
     result = live_router_experiment(db, frame, predictor, copies=copies, seed=seed,
-                                    slo_margin=cfg.router.slo_margin, cost_tolerance=cfg.router.cost_tolerance,
-                                    on_progress=progress)
+                                    slo_margin=router_margin(cfg, predictor, frame),
+                                    cost_tolerance=cfg.router.cost_tolerance, on_progress=progress)
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -132,7 +132,7 @@ def _scaling(kind: str, log: Path, model: str, copies: int, seed: int, as_json: 
         cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
         echo(f"load {s['load']:.2f} (λ={s['lambda']:.2f}/s) κ={s['kappa']:g} start={s['clusters']}: {cells}")
 
-    experiment = ScalingExperimentConfig(copies=copies, seed=seed, slo_margin=cfg.router.slo_margin,
+    experiment = ScalingExperimentConfig(copies=copies, seed=seed, slo_margin=router_margin(cfg, predictor, frame),
                                          cost_tolerance=cfg.router.cost_tolerance)
     result = scaling_experiment(kind, frame, predictor, experiment, on_scenario=progress)
     if as_json:
@@ -181,10 +181,11 @@ def experiment_trigger_cmd(
     if warmup_s < 0:
         raise typer.BadParameter(f"must be >= 0; got {warmup_s}", param_hint="--warmup-s")
     cfg = load_cli_config(config)
-    result = live_autoscale_experiment(_live_db(db, cfg), read_log(log),
-                                       load_model(model, tracking_uri=cfg.registry.tracking_uri), seed=seed,
-                                       slo_margin=cfg.router.slo_margin, cost_tolerance=cfg.router.cost_tolerance,
-                                       warmup_s=warmup_s)
+    frame = read_log(log)
+    predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
+    result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, seed=seed,
+                                       slo_margin=router_margin(cfg, predictor, frame),
+                                       cost_tolerance=cfg.router.cost_tolerance, warmup_s=warmup_s)
     if as_json:
         typer.echo(json.dumps(result))
         return

@@ -3,7 +3,8 @@
 Commands are grouped by job: ``warehouse`` (the embedded DuckDB warehouse),
 ``collect`` (run workloads, write query logs), ``import`` (bring outside logs
 in), ``log`` (check and summarise logs), ``train`` / ``evaluate`` /
-``predict`` / ``tune`` (latency models), ``config`` and ``demo``. Only typer
+``predict`` / ``tune`` (latency models), ``experiment`` (policy experiments), ``retry``
+(retry budgets), ``config`` and ``demo``. Only typer
 and rich load at start-up; everything heavy loads inside the command that
 needs it, so ``sloctl --help`` stays fast.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from sloctl._cli_common import ConfigOption, echo, load_cli_config, parse_sizes
+from sloctl._cli_common import ConfigOption, echo, load_cli_config, parse_sizes, router_margin
 from sloctl._cli_experiments import experiment_app
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl.errors import SloctlError
@@ -250,7 +251,8 @@ def _simulated_day(cfg, log_path: Path) -> None:
 
     echo("Simulating a compressed day: round-robin on two clusters vs Queue@N vs AutoSLO autoscaling ...")
     predictor = load_model("models:/iconq@champion", tracking_uri=cfg.registry.tracking_uri)
-    day = simulated_day(read_log(log_path), predictor, slo_margin=cfg.router.slo_margin,
+    frame = read_log(log_path)
+    day = simulated_day(frame, predictor, slo_margin=router_margin(cfg, predictor, frame),
                         cost_tolerance=cfg.router.cost_tolerance, seed=cfg.demo.seed)
     table = Table(title=f"A simulated day: {day['queries']} queries ({day['contour']} contour), emulated warehouse")
     for column in ("approach", "VR", "cost", "spin-ups", "teardowns"):

@@ -172,7 +172,12 @@ class RouterSection:
     Attributes:
         slo_margin: a query counts as violating once its predicted latency
             exceeds ``(1 - slo_margin) × SLO`` (0 is the paper's rule; a
-            margin hedges against neighbours that arrive later).
+            margin hedges against neighbours that arrive later). ``None``
+            (the default) derives it from the training log, see
+            ``risk_quantile`` and :mod:`sloctl.training.calibration`.
+        risk_quantile: with ``slo_margin: null``, the margin covers this
+            quantile of actual / predicted latency when the log is replayed
+            with only the neighbours seen on arrival.
         cost_tolerance: marginal costs closer than this fraction of a
             minimum billing window count as equal; ties then go to the
             placement that adds the least predicted latency.
@@ -180,7 +185,8 @@ class RouterSection:
         minimum_s: billing minimum window ``m`` (60 s on cloud warehouses).
     """
 
-    slo_margin: float = 0.3
+    slo_margin: float | None = None
+    risk_quantile: float = 0.75
     cost_tolerance: float = 1.0
     price_per_unit_s: float = 1.0
     minimum_s: float = 60.0

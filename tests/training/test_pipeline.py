@@ -100,3 +100,24 @@ def test_optuna_study_resumes_from_storage(sim_log, cfg, tmp_path):
     assert (first.n_trials, second.n_trials, second.n_new) == (2, 4, 2)
     assert second.best_value <= first.best_value
     assert second.mlflow_run_id is not None
+
+
+def test_arrival_neighbours_see_only_earlier_queries(trained, sim_log):
+    predictor = trained["iconq"].predictor
+    before, after = predictor._neighbours(sim_log, "arrival")
+    overlap_before, _ = predictor._neighbours(sim_log, "overlap")
+    assert all(len(a) == 0 for a in after)
+    assert all(np.array_equal(b, o) for b, o in zip(before, overlap_before, strict=True))
+
+
+def test_router_margin_is_calibrated_from_the_log_and_grows_with_risk(trained, sim_log):
+    from sloctl.training.calibration import calibrate_slo_margin
+
+    predictor = trained["iconq"].predictor
+    low = calibrate_slo_margin(predictor, sim_log, 0.5)
+    high = calibrate_slo_margin(predictor, sim_log, 0.9)
+    assert 0.0 <= low.slo_margin <= high.slo_margin < 1.0
+    assert high.ratio_at_quantile >= low.ratio_at_quantile
+    assert high.queries == int((sim_log["status"] == "ok").sum())
+    with pytest.raises(ValueError, match="risk_quantile"):
+        calibrate_slo_margin(predictor, sim_log, 1.5)
