@@ -55,3 +55,22 @@ def test_demo_reports_and_reuses_the_database(tmp_path):
     second = sloctl("demo", "--config", str(config), cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "Reusing tpch SF 0.1" in second.stderr
+
+
+@pytest.mark.parametrize("network", ["tandem", "hotel"])
+def test_retry_analysis_tracks_the_simulator_from_half_to_three_times_capacity(network, tmp_path):
+    """DiffTry Fig. 5 shape: analysis within 0.02 of simulation, k=(5,1) protects the high class."""
+    import json
+    from pathlib import Path
+
+    path = str(Path(__file__).resolve().parents[1] / "configs" / "networks" / f"{network}.yaml")
+    out = sloctl("retry", "sweep", "--network", path, "--rho", "0.5,0.75,1,1.25,1.5,2,2.5,3",
+                 "--duration-s", "800", "--plot", str(tmp_path / "fig5.png"), "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    points = json.loads(out.stdout)["points"]
+    assert max(p["max_abs_error"] for p in points) < 0.02
+    below = [p for p in points if p["offered_rho"] < 1]
+    assert all(v < 0.02 for p in below for v in p["simulated"].values())
+    heavy = {p["k"]["low"]: p["simulated"]["high"] for p in points if p["offered_rho"] == 2.0}
+    assert heavy[1] * 2.5 < heavy[5]
+    assert (tmp_path / "fig5.png").stat().st_size > 10_000

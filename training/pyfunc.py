@@ -13,7 +13,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
-__all__ = ["LatencyPyfunc"]
+__all__ = ["LatencyPyfunc", "RetryPolicyPyfunc"]
 
 
 class LatencyPyfunc(mlflow.pyfunc.PythonModel):
@@ -27,3 +27,21 @@ class LatencyPyfunc(mlflow.pyfunc.PythonModel):
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
         neighbours = (params or {}).get("neighbours", "auto")
         return self.predictor.predict(model_input, neighbours=neighbours)
+
+
+class RetryPolicyPyfunc(mlflow.pyfunc.PythonModel):
+    """Serves a retry policy (per-class, per-hop budgets) chosen by :mod:`sloctl.training.retry_budget`.
+
+    ``predict`` takes rows with ``class`` and ``service`` columns and returns
+    each row's retry budget k; the whole document is on ``.policy``.
+    """
+
+    def load_context(self, context: Any) -> None:
+        import json
+        from pathlib import Path
+
+        self.policy = json.loads(Path(context.artifacts["policy"]).read_text())
+
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
+        retries = self.policy["retries"]
+        return np.array([retries[c][s] for c, s in zip(model_input["class"], model_input["service"], strict=True)])

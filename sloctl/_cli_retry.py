@@ -1,0 +1,206 @@
+"""``sloctl retry ...``: DiffTry retry budgets — analysis, simulation, sweeps and optimisation."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import typer
+
+from sloctl._cli_common import ConfigOption, echo, load_cli_config
+
+__all__ = ["retry_app"]
+
+retry_app = typer.Typer(help="Per-class retry budgets (DiffTry): solve, simulate, sweep, optimise.",
+                        no_args_is_help=True)
+
+NetworkOption = typer.Option(..., "--network", "-n", help="Network file (YAML, see docs/retry.md).")
+ModelOption = typer.Option("mm1m", "--model", "-m", help="Rejection function: fluid, mm1m or mixed.")
+
+
+def _load(path: Path):
+    from sloctl.models.retry_network import load_network
+
+    return load_network(path)
+
+
+def _parse_budget(text: str, classes: tuple[str, ...], hint: str) -> dict[str, int]:
+    """``high=5,low=1`` -> {"high": 5, "low": 1}, every class named."""
+    out: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, value = part.partition("=")
+        if name not in classes or not value.strip().isdigit():
+            raise typer.BadParameter(f"expected CLASS=K for classes {', '.join(classes)} (K a whole number), "
+                                     f"got {part!r}", param_hint=hint)
+        out[name] = int(value)
+    missing = [c for c in classes if c not in out]
+    if missing:
+        raise typer.BadParameter(f"no budget for class {missing[0]!r} in {text!r}", param_hint=hint)
+    return out
+
+
+def _print_table(result: dict, title: str) -> None:
+    typer.echo(title)
+    for klass, row in result["classes"].items():
+        ci = row.get("end_to_end_rejection_ci")
+        extra = f" [{ci[0]:.4f}, {ci[1]:.4f}]" if ci and ci[0] is not None else ""
+        typer.echo(f"  class {klass:<10} end-to-end rejection {row['end_to_end_rejection']:.4f}{extra}  "
+                   f"completion {row['completion_probability']:.4f}  success {row['success_per_s']:.2f}/s")
+    for service, by_class in result["services"].items():
+        cells = "  ".join(f"{c}: s̄ {v['attempt_rejection']:.3f} final {v['final_rejection']:.3f}"
+                          for c, v in by_class.items())
+        typer.echo(f"  {service:<16} ρ {result['utilisation'][service]:.3f}  {cells}")
+
+
+@retry_app.command("solve")
+def solve_cmd(
+    network: Path = NetworkOption,
+    model: str = ModelOption,
+    residual: bool = typer.Option(False, help="Apply the residual-time correction (§IV.D) to retries."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Per-class, per-service rejection from the DiffTry network analysis (milliseconds)."""
+    from sloctl.models.retry import solve_network
+
+    result = solve_network(_load(network), model=model, residual=residual).to_json()
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    _print_table(result, f"analysis ({model}): converged={result['converged']} in {result['iterations']} "
+                         f"iteration(s); uniqueness guaranteed: {result['uniqueness']['guaranteed']}")
+
+
+@retry_app.command("simulate")
+def simulate_cmd(
+    network: Path = NetworkOption,
+    seed: int = typer.Option(0, help="Seed of arrivals, service times and retry delays."),
+    duration_s: float = typer.Option(600.0, help="Simulated seconds (a warm-up of 10% is discarded)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Run the network in the discrete-event simulator (rejections with 95% confidence intervals)."""
+    from sloctl.simulation.retry_sim import simulate_network
+
+    if not duration_s > 0:
+        raise typer.BadParameter(f"must be > 0; got {duration_s}", param_hint="--duration-s")
+
+    def progress(now_s: float, total_s: float, events: int) -> None:
+        if not as_json and int(10 * now_s / total_s) != int(10 * (now_s - total_s / 50) / total_s):
+            echo(f"simulated {now_s:.0f}/{total_s:.0f} s, {events} events")
+
+    result = simulate_network(_load(network), seed=seed, duration_s=duration_s, progress=progress).to_json()
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    _print_table(result, f"simulation: seed {seed}, {duration_s:g} s, {result['events']} events")
+
+
+@retry_app.command("sweep")
+def sweep_cmd(
+    network: Path = NetworkOption,
+    model: str = ModelOption,
+    rhos: str = typer.Option("0.5,1,1.5,2,2.5,3", "--rho", help="Bottleneck offered loads to visit."),
+    budgets: list[str] = typer.Option(["high=5,low=1", "high=5,low=5"], "--k", help="Retry budgets, repeatable."),
+    fixed: str = typer.Option("", help="Classes whose load stays fixed (default: the first class)."),
+    seed: int = typer.Option(0),
+    duration_s: float = typer.Option(600.0, help="Simulated seconds per point."),
+    no_simulate: bool = typer.Option(False, "--no-simulate", help="Analysis only."),
+    plot: Path | None = typer.Option(None, help="Write the Fig. 5-style PNG here."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Analysis vs simulation over a load sweep for several budgets (DiffTry Fig. 5)."""
+    from sloctl.simulation.retry_experiment import plot_retry_sweep, retry_sweep
+
+    spec = _load(network)
+    try:
+        loads = [float(x) for x in rhos.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated loads like 0.5,1,2; got {rhos!r}",
+                                 param_hint="--rho") from None
+    if not loads or any(not (0 < x <= 10) for x in loads):
+        raise typer.BadParameter(f"loads must be in (0, 10]; got {rhos!r}", param_hint="--rho")
+    ks = [_parse_budget(b, spec.classes, "--k") for b in budgets]
+    fixed_classes = tuple(c.strip() for c in fixed.split(",") if c.strip())
+    for c in fixed_classes:
+        if c not in spec.classes:
+            raise typer.BadParameter(f"unknown class {c!r} (classes: {', '.join(spec.classes)})",
+                                     param_hint="--fixed")
+
+    def show(p: dict) -> None:
+        k = ",".join(f"{c}={v}" for c, v in p["k"].items())
+        cells = "  ".join(
+            f"{c}: analysis {p['analysis'][c]:.3f}" + (f" sim {p['simulated'][c]:.3f}" if "simulated" in p else "")
+            for c in p["analysis"])
+        echo(f"ρ {p['offered_rho']:.2f}  k=({k})  {cells}")
+
+    result = retry_sweep(spec, loads, ks, fixed=fixed_classes, model=model, seed=seed, duration_s=duration_s,
+                         simulate=not no_simulate, on_point=show)
+    if plot is not None:
+        plot_retry_sweep(result, plot, title=f"{network.stem}: end-to-end rejection ({model} vs simulation)")
+        echo(f"wrote {plot}")
+    if not no_simulate:
+        worst = max(p["max_abs_error"] for p in result["points"])
+        echo(f"largest |analysis − simulation| over all points and classes: {worst:.4f}")
+    if as_json:
+        typer.echo(json.dumps(result))
+
+
+@retry_app.command("optimise")
+def optimise_cmd(
+    network: Path = NetworkOption,
+    model: str = ModelOption,
+    objective: str = typer.Option("goodput", help="goodput (weighted by class weight) or targets."),
+    target: list[str] = typer.Option([], help="Per-class end-to-end rejection target, CLASS=X (repeatable)."),
+    max_amplification: float = typer.Option(math.inf, help="Cap on attempts per original call, network-wide."),
+    max_retries: int = typer.Option(6, help="Largest k considered."),
+    per_hop: bool = typer.Option(False, help="Refine the budgets hop by hop (coordinate descent)."),
+    confirm_s: float = typer.Option(300.0, help="Simulated seconds to confirm the winner (0: skip)."),
+    seed: int = typer.Option(0),
+    register: bool = typer.Option(True, help="Register the policy in MLflow as 'retry-policy' (alias champion)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the policy as JSON."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Choose per-class retry budgets with the analysis, confirm them in the simulator, register them."""
+    from sloctl.training.retry_budget import (
+        BudgetSearch,
+        confirm_by_simulation,
+        optimise_budgets,
+        register_retry_policy,
+    )
+
+    spec = _load(network)
+    targets: dict[str, float] = {}
+    for item in target:
+        name, _, value = item.partition("=")
+        try:
+            targets[name] = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"expected CLASS=REJECTION like high=0.05, got {item!r}",
+                                     param_hint="--target") from None
+    search = BudgetSearch(objective=objective, targets=targets, max_amplification=max_amplification,
+                          max_retries=max_retries, per_hop=per_hop, model=model)
+    policy = optimise_budgets(spec, search, on_progress=None if as_json else
+                              lambda n, total: echo(f"evaluated {n}/{total} budget vectors"))
+    if confirm_s > 0:
+        echo(f"confirming in the simulator ({confirm_s:g} s, seed {seed}) ...")
+        policy = confirm_by_simulation(policy, seed=seed, duration_s=confirm_s)
+    doc = policy.to_json()
+    if register:
+        cfg = load_cli_config(config)
+        version = register_retry_policy(policy, tracking_uri=cfg.registry.tracking_uri,
+                                        experiment=cfg.registry.experiment, source=str(network))
+        doc["registered"] = {"name": "retry-policy", "version": version, "alias": "champion"}
+        echo(f"registered retry-policy v{version} (alias champion) in {cfg.registry.tracking_uri}")
+    if as_json:
+        typer.echo(json.dumps(doc))
+        return
+    verdict = "meets the constraints" if policy.feasible else "INFEASIBLE: best effort shown"
+    typer.echo(f"best budgets ({verdict}); amplification {policy.amplification:.2f} attempts per call, "
+               f"weighted goodput {policy.score:.2f}/s, {policy.evaluated} candidates")
+    for klass, row in policy.retries.items():
+        ks = sorted(set(row.values()))
+        k_text = str(ks[0]) if len(ks) == 1 else json.dumps(row)
+        sim = (policy.simulated or {}).get(klass)
+        sim_text = f"  simulated {sim['end_to_end_rejection']:.4f}" if sim else ""
+        predicted = policy.predicted[klass]["end_to_end_rejection"]
+        typer.echo(f"  {klass:<10} k={k_text}  predicted rejection {predicted:.4f}{sim_text}")

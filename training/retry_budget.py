@@ -1,0 +1,242 @@
+"""Choosing per-class retry budgets k_p with the DiffTry analysis (and confirming them by simulation).
+
+The analysis (:func:`sloctl.models.retry.solve_network`) takes milliseconds,
+so the search evaluates it exhaustively over per-class budgets (one k for every
+hop of a class) and, with ``per_hop``, refines each (class, hop) by coordinate
+descent. Two objectives:
+
+* ``goodput`` — maximise Σ_p w_p · success_per_s_p (class weights from the
+  network file, default 1);
+* ``targets`` — meet per-class end-to-end rejection targets; among the budgets
+  that do, the highest weighted goodput wins; when none does, the one with the
+  smallest worst shortfall is returned and marked infeasible.
+
+Both respect a cap on retry amplification: attempts (originals and retries,
+every hop) per original call. The winner is then run in the discrete-event
+simulator — an independent check of the approximation it was chosen with — and
+the policy (budgets plus the predicted and simulated rejection tables) can be
+registered in MLflow as ``retry-policy`` for the runtime and the Envoy sidecars.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sloctl.models.retry_network import NetworkSpec
+
+__all__ = ["BudgetSearch", "RetryPolicy", "load_retry_policy", "optimise_budgets", "register_retry_policy"]
+
+Objective = Literal["goodput", "targets"]
+POLICY_NAME = "retry-policy"
+
+
+@dataclass(frozen=True)
+class BudgetSearch:
+    """What to optimise and within which bounds."""
+
+    objective: Objective = "goodput"
+    targets: Mapping[str, float] = field(default_factory=dict)
+    max_amplification: float = math.inf
+    max_retries: int = 6
+    per_hop: bool = False
+    model: str = "mm1m"
+
+    def validate(self, spec: NetworkSpec) -> None:
+        if self.objective not in ("goodput", "targets"):
+            raise ValueError(f"The 'objective' parameter must be 'goodput' or 'targets', got {self.objective!r}.")
+        if self.objective == "targets" and not self.targets:
+            raise ValueError("The 'targets' parameter must name at least one class when objective is 'targets'.")
+        for klass, target in self.targets.items():
+            if klass not in spec.classes:
+                raise ValueError(f"The 'targets' parameter names unknown class {klass!r} "
+                                 f"(classes: {', '.join(spec.classes)}).")
+            if not 0.0 <= target <= 1.0:
+                raise ValueError(f"The target of class {klass!r} must be a rejection in [0, 1], got {target!r}.")
+        if not self.max_amplification >= 1.0:
+            raise ValueError(f"The 'max_amplification' parameter must be >= 1 (attempts per call), "
+                             f"got {self.max_amplification!r}.")
+        if not 0 <= self.max_retries <= 20:
+            raise ValueError(f"The 'max_retries' parameter must be in [0, 20], got {self.max_retries!r}.")
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """A chosen set of budgets with the figures behind it (JSON-ready via :meth:`to_json`)."""
+
+    retries: dict[str, dict[str, int]]
+    feasible: bool
+    score: float
+    amplification: float
+    predicted: dict[str, dict[str, float]]
+    search: dict[str, Any]
+    network: dict[str, Any]
+    evaluated: int
+    simulated: dict[str, dict[str, Any]] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": POLICY_NAME, "retries": self.retries, "feasible": self.feasible, "score": self.score,
+                "amplification": self.amplification, "predicted": self.predicted, "simulated": self.simulated,
+                "search": self.search, "evaluated": self.evaluated, "network": self.network}
+
+
+def _evaluate(spec: NetworkSpec, search: BudgetSearch) -> tuple[float, float, float, dict[str, dict[str, float]]]:
+    """(goodput, amplification, worst target shortfall, per-class table) of ``spec`` under the analysis."""
+    from sloctl.models.retry import solve_network
+
+    out = solve_network(spec, model=search.model).to_json()
+    table = {c: {"end_to_end_rejection": float(v["end_to_end_rejection"]), "success_per_s": float(v["success_per_s"])}
+             for c, v in out["classes"].items()}
+    goodput = sum(spec.class_weight(c) * table[c]["success_per_s"] for c in spec.classes)
+    offered = sum(v["offered_per_s"] for row in out["services"].values() for v in row.values())
+    attempts = sum(v["attempts_per_s"] for row in out["services"].values() for v in row.values())
+    amplification = attempts / offered if offered > 0 else 1.0
+    shortfall = max((table[c]["end_to_end_rejection"] - t for c, t in search.targets.items()), default=0.0)
+    return goodput, amplification, shortfall, table
+
+
+def _rank(search: BudgetSearch, goodput: float, amplification: float, shortfall: float, total_k: int) -> tuple:
+    """Sort key, smaller is better: feasibility first, then the objective, then fewer retries."""
+    over_cap = max(0.0, amplification - search.max_amplification)
+    if search.objective == "targets":
+        return (over_cap > 0, max(shortfall, 0.0) > 1e-12, over_cap, max(shortfall, 0.0), -goodput, total_k)
+    return (over_cap > 0, over_cap, -goodput, amplification, total_k)
+
+
+def optimise_budgets(spec: NetworkSpec, search: BudgetSearch | None = None, *,
+                     on_progress: Callable[[int, int], None] | None = None) -> RetryPolicy:
+    """Search retry budgets for ``spec`` with the analysis.
+
+    Args:
+        spec: the network (its retry limits are the starting point only).
+        search: objective and bounds (default: maximise weighted goodput).
+        on_progress: called with (evaluated, total) during the uniform grid.
+
+    Returns:
+        The best :class:`RetryPolicy` found (``feasible`` False when no budget
+        met the targets and the amplification cap).
+    """
+    search = search or BudgetSearch()
+    search.validate(spec)
+    classes = spec.classes
+    grid = list(itertools.product(range(search.max_retries + 1), repeat=len(classes)))
+    best_key, best_spec, best_eval = None, spec, None
+    for n, ks in enumerate(grid, 1):
+        candidate = spec.with_retries(dict(zip(classes, ks, strict=True)))
+        ev = _evaluate(candidate, search)
+        key = _rank(search, ev[0], ev[1], ev[2], sum(ks))
+        if best_key is None or key < best_key:
+            best_key, best_spec, best_eval = key, candidate, ev
+        if on_progress is not None and (n % 25 == 0 or n == len(grid)):
+            on_progress(n, len(grid))
+    evaluated = len(grid)
+    if search.per_hop:
+        improved = True
+        while improved:
+            improved = False
+            for klass in classes:
+                for service in spec.service_names:
+                    for k in range(search.max_retries + 1):
+                        row = dict(best_spec.retries[klass])
+                        if row[service] == k:
+                            continue
+                        row[service] = k
+                        candidate = best_spec.with_retries({klass: row})
+                        ev = _evaluate(candidate, search)
+                        evaluated += 1
+                        total = sum(sum(r.values()) for r in candidate.retries.values())
+                        key = _rank(search, ev[0], ev[1], ev[2], total)
+                        if key < best_key:
+                            best_key, best_spec, best_eval, improved = key, candidate, ev, True
+    goodput, amplification, shortfall, table = best_eval
+    feasible = amplification <= search.max_amplification + 1e-12 and (
+        search.objective != "targets" or shortfall <= 1e-12)
+    return RetryPolicy(retries={c: dict(best_spec.retries[c]) for c in classes}, feasible=feasible, score=goodput,
+                       amplification=amplification, predicted=table,
+                       search={"objective": search.objective, "targets": dict(search.targets),
+                               "max_amplification": None if math.isinf(search.max_amplification)
+                               else search.max_amplification,
+                               "max_retries": search.max_retries, "per_hop": search.per_hop, "model": search.model},
+                       network=best_spec.to_mapping(), evaluated=evaluated)
+
+
+def confirm_by_simulation(policy: RetryPolicy, *, seed: int = 0, duration_s: float = 600.0) -> RetryPolicy:
+    """``policy`` with its budgets also run in the discrete-event simulator (per-class rejection with CIs)."""
+    from dataclasses import replace
+
+    from sloctl.models.retry_network import network_from_mapping
+    from sloctl.simulation.retry_sim import simulate_network
+
+    spec = network_from_mapping(policy.network, source="<policy>")
+    sim = simulate_network(spec, seed=seed, duration_s=duration_s).to_json()
+    simulated = {c: {"end_to_end_rejection": v["end_to_end_rejection"],
+                     "end_to_end_rejection_ci": v["end_to_end_rejection_ci"],
+                     "success_per_s": v["success_per_s"], "calls_per_success": v["calls_per_success"]}
+                 for c, v in sim["classes"].items()}
+    return replace(policy, simulated=simulated)
+
+
+def policy_hash(policy: Mapping[str, Any]) -> str:
+    """A short content hash of a policy's network and budgets (its data hash)."""
+    blob = json.dumps({"network": policy["network"], "retries": policy["retries"]}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment: str, source: str = "",
+                          name: str = POLICY_NAME, alias: str = "champion") -> str:
+    """Log ``policy`` to MLflow and register it as model ``name``; ``alias`` moves to the new version.
+
+    Returns:
+        The registered version.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    from sloctl.training.pyfunc import RetryPolicyPyfunc
+    from sloctl.training.registry import _quiet_pyfunc_logging, connect
+
+    doc = policy.to_json()
+    mlflow = connect(tracking_uri)
+    mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name=f"tune-{name}"):
+        mlflow.set_tags({"data_hash": policy_hash(doc), "network_source": source, "model_kind": name,
+                         "feasible": str(policy.feasible)})
+        mlflow.log_params({"objective": policy.search["objective"], "model": policy.search["model"],
+                           "max_retries": policy.search["max_retries"], "per_hop": policy.search["per_hop"],
+                           "max_amplification": policy.search["max_amplification"],
+                           **{f"k_{c}": json.dumps(v, sort_keys=True) for c, v in policy.retries.items()}})
+        metrics = {"amplification": policy.amplification, "weighted_goodput_per_s": policy.score}
+        for c, row in policy.predicted.items():
+            metrics[f"predicted_rejection_{c}"] = row["end_to_end_rejection"]
+        for c, row in (policy.simulated or {}).items():
+            metrics[f"simulated_rejection_{c}"] = row["end_to_end_rejection"]
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)})
+        with tempfile.TemporaryDirectory() as tmp, _quiet_pyfunc_logging():
+            path = Path(tmp) / "policy.json"
+            path.write_text(json.dumps(doc, indent=2))
+            info = mlflow.pyfunc.log_model(name="model", python_model=RetryPolicyPyfunc(),
+                                           artifacts={"policy": str(path)}, pip_requirements=["sloctl", "pandas"],
+                                           registered_model_name=name)
+    version = str(info.registered_model_version)
+    if alias:
+        MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).set_registered_model_alias(
+            name, alias, version)
+    return version
+
+
+def load_retry_policy(uri: str = f"models:/{POLICY_NAME}@champion", *, tracking_uri: str) -> dict[str, Any]:
+    """The policy document registered under ``uri`` (what :meth:`RetryPolicy.to_json` wrote)."""
+    import mlflow
+
+    from sloctl.training.registry import connect
+
+    connect(tracking_uri)
+    model = mlflow.pyfunc.load_model(uri)
+    return model.unwrap_python_model().policy
