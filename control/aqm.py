@@ -1,0 +1,170 @@
+"""Per-bottleneck active queue management with SLO-derived delay budgets (Svalinn §4.2).
+
+A request enters with a :class:`DelayBudget`: the queueing delay it can still
+afford, its SLO minus its expected service time. Every explicit bottleneck
+(a lock, a disk, an :class:`~sloctl.control.msemaphore.MSemaphore`) has a
+:class:`BottleneckAQM` that predicts the wait a newcomer would see and drops
+the request *before* it joins when that wait exceeds the remaining budget;
+the wait actually spent is deducted when the request leaves the queue, so a
+request crossing several bottlenecks pays for each of them.
+
+A request may be dropped after partial work (it already holds a buffer, a
+lock, a row). Cleanup callbacks registered on its budget run exactly once
+when it is dropped, wherever that happens.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+
+__all__ = ["BottleneckAQM", "DelayBudget"]
+
+
+class DelayBudget:
+    """The queueing delay a request may still spend (seconds).
+
+    ``remaining_s`` starts at ``slo_s − expected_service_s`` and shrinks by
+    every wait deducted. It can go negative (the request waited longer than
+    predicted); :attr:`exhausted` is then True and every AQM drops it.
+
+    Args:
+        slo_s: the request's latency SLO (seconds, > 0).
+        expected_service_s: its expected service time, excluding queueing
+            (seconds, in [0, slo_s]).
+        cleanup: optional callback to run once if the request is dropped.
+    """
+
+    def __init__(self, slo_s: float, expected_service_s: float = 0.0,
+                 cleanup: Callable[[], object] | None = None) -> None:
+        if not (isinstance(slo_s, numbers.Real) and math.isfinite(slo_s) and slo_s > 0):
+            raise ValueError(f"The 'slo_s' parameter of DelayBudget must be > 0, got {slo_s!r}.")
+        if not (isinstance(expected_service_s, numbers.Real) and math.isfinite(expected_service_s)
+                and expected_service_s >= 0):
+            raise ValueError(f"The 'expected_service_s' parameter of DelayBudget must be >= 0, "
+                             f"got {expected_service_s!r}.")
+        if expected_service_s > slo_s:
+            raise ValueError(f"The 'slo_s' parameter of DelayBudget must be >= expected_service_s "
+                             f"({expected_service_s!r}), got {slo_s!r}.")
+        self.slo_s = float(slo_s)
+        self.expected_service_s = float(expected_service_s)
+        self.remaining_s = self.slo_s - self.expected_service_s
+        self.spent_s = 0.0
+        self._cleanups: list[Callable[[], object]] = [cleanup] if cleanup is not None else []
+        self._dropped = False
+
+    @property
+    def exhausted(self) -> bool:
+        """No queueing time left (``remaining_s <= 0``)."""
+        return self.remaining_s <= 0.0
+
+    @property
+    def dropped(self) -> bool:
+        return self._dropped
+
+    def deduct(self, wait_s: float) -> float:
+        """Spend ``wait_s`` seconds of queueing; returns the remaining budget."""
+        if not (math.isfinite(wait_s) and wait_s >= 0):
+            raise ValueError(f"The 'wait_s' parameter of DelayBudget.deduct must be >= 0, got {wait_s!r}.")
+        self.remaining_s -= wait_s
+        self.spent_s += wait_s
+        return self.remaining_s
+
+    def on_drop(self, callback: Callable[[], object]) -> None:
+        """Register cleanup for partial work; runs at once if the request was already dropped."""
+        if self._dropped:
+            callback()
+        else:
+            self._cleanups.append(callback)
+
+    def drop(self) -> bool:
+        """Mark the request dropped and run its cleanups, once; later calls do nothing and return False."""
+        if self._dropped:
+            return False
+        self._dropped = True
+        callbacks, self._cleanups = self._cleanups, []
+        for callback in callbacks:
+            callback()
+        return True
+
+    def __repr__(self) -> str:
+        return f"DelayBudget(slo_s={self.slo_s}, remaining_s={self.remaining_s:.6g}, dropped={self._dropped})"
+
+
+class BottleneckAQM:
+    """Drop-before-enqueue AQM for one bottleneck (Svalinn §4.2).
+
+    The expected wait of a newcomer is ``queue_len × mean_hold_s / servers``,
+    where ``mean_hold_s`` is an EWMA of how long an item holds one of the
+    ``servers`` (weight ``ewma`` on the newest sample).
+
+    Protocol per request: ``should_drop(budget)`` → if False, ``joined()``;
+    when it reaches a server, ``left(wait_s, budget)``; when it lets go of the
+    server, ``observe_hold(hold_s)``.
+
+    Args:
+        name: the bottleneck's name (for reports).
+        servers: how many items it serves at once (>= 1).
+        ewma: weight of the newest hold sample, in (0, 1].
+        initial_hold_s: mean hold assumed before the first sample (seconds).
+    """
+
+    def __init__(self, name: str, servers: int = 1, ewma: float = 0.2, initial_hold_s: float = 0.0) -> None:
+        if not (isinstance(servers, numbers.Integral) and not isinstance(servers, bool) and servers >= 1):
+            raise ValueError(f"The 'servers' parameter of BottleneckAQM must be an integer >= 1, got {servers!r}.")
+        if not 0.0 < ewma <= 1.0:
+            raise ValueError(f"The 'ewma' parameter of BottleneckAQM must be in (0, 1], got {ewma!r}.")
+        if not (math.isfinite(initial_hold_s) and initial_hold_s >= 0):
+            raise ValueError(f"The 'initial_hold_s' parameter of BottleneckAQM must be >= 0, "
+                             f"got {initial_hold_s!r}.")
+        self.name = name
+        self.servers = int(servers)
+        self.ewma = ewma
+        self.mean_hold_s = float(initial_hold_s)
+        self.queue_len = 0
+        self.drops = 0
+        self.admitted = 0
+        self._samples = 0
+
+    def observe_hold(self, hold_s: float) -> None:
+        """An item held a server for ``hold_s`` seconds; the first sample replaces the initial guess."""
+        if not (math.isfinite(hold_s) and hold_s >= 0):
+            raise ValueError(f"The 'hold_s' parameter of BottleneckAQM.observe_hold must be >= 0, got {hold_s!r}.")
+        self.mean_hold_s = hold_s if self._samples == 0 else self.ewma * hold_s + (1 - self.ewma) * self.mean_hold_s
+        self._samples += 1
+
+    def expected_wait_s(self, queue_len: int | None = None) -> float:
+        """Predicted wait (seconds) behind ``queue_len`` items (default: the current queue)."""
+        n = self.queue_len if queue_len is None else queue_len
+        return n * self.mean_hold_s / self.servers
+
+    def should_drop(self, budget: DelayBudget) -> bool:
+        """True (and the budget is dropped, running its cleanups) when the wait would exceed the budget.
+
+        A request already dropped elsewhere is refused again without being counted twice.
+        """
+        if budget.dropped:
+            return True
+        if self.expected_wait_s() > budget.remaining_s:
+            self.drops += 1
+            budget.drop()
+            return True
+        return False
+
+    def joined(self) -> None:
+        """A request entered the queue."""
+        self.queue_len += 1
+        self.admitted += 1
+
+    def left(self, wait_s: float, budget: DelayBudget | None = None) -> None:
+        """A request left the queue for a server after waiting ``wait_s``; deducts it from ``budget``."""
+        if self.queue_len <= 0:
+            raise RuntimeError(f"BottleneckAQM {self.name!r}: left() with an empty queue.")
+        self.queue_len -= 1
+        if budget is not None:
+            budget.deduct(wait_s)
+
+    def __repr__(self) -> str:
+        return (f"BottleneckAQM({self.name!r}, servers={self.servers}, queue_len={self.queue_len}, "
+                f"mean_hold_s={self.mean_hold_s:.6g}, drops={self.drops}, admitted={self.admitted})")
