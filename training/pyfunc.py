@@ -13,7 +13,7 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
-__all__ = ["LatencyPyfunc", "RetryPolicyPyfunc"]
+__all__ = ["LatencyPyfunc", "PolicyPyfunc"]
 
 
 class LatencyPyfunc(mlflow.pyfunc.PythonModel):
@@ -29,11 +29,13 @@ class LatencyPyfunc(mlflow.pyfunc.PythonModel):
         return self.predictor.predict(model_input, neighbours=neighbours)
 
 
-class RetryPolicyPyfunc(mlflow.pyfunc.PythonModel):
-    """Serves a retry policy (per-class, per-hop budgets) chosen by :mod:`sloctl.training.retry_budget`.
+class PolicyPyfunc(mlflow.pyfunc.PythonModel):
+    """Serves a policy document (``retry-policy``, ``admission-policy``) registered as JSON.
 
-    ``predict`` takes rows with ``class`` and ``service`` columns and returns
-    each row's retry budget k; the whole document is on ``.policy``.
+    The whole document is on ``.policy`` (``unwrap_python_model().policy``).
+    For a retry policy, ``predict`` takes rows with ``class`` and ``service``
+    columns and returns each row's retry budget k; for other kinds it returns
+    the document as one JSON string.
     """
 
     def load_context(self, context: Any) -> None:
@@ -43,5 +45,10 @@ class RetryPolicyPyfunc(mlflow.pyfunc.PythonModel):
         self.policy = json.loads(Path(context.artifacts["policy"]).read_text())
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
-        retries = self.policy["retries"]
-        return np.array([retries[c][s] for c, s in zip(model_input["class"], model_input["service"], strict=True)])
+        import json
+
+        if self.policy.get("kind") == "retry-policy":
+            retries = self.policy["retries"]
+            return np.array([retries[c][s] for c, s in zip(model_input["class"], model_input["service"],
+                                                           strict=True)])
+        return np.array([json.dumps(self.policy)])

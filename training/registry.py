@@ -19,7 +19,7 @@ from typing import Any
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
 
-__all__ = ["Registration", "connect", "load_model", "register"]
+__all__ = ["Registration", "connect", "load_model", "load_policy", "register", "register_policy"]
 
 CHAMPION = "champion"
 _PIP_REQUIREMENTS = ["sloctl", "torch==2.13.0", "lightgbm", "pandas", "numpy"]
@@ -172,3 +172,49 @@ def load_model(uri: str, *, tracking_uri: str) -> Any:
     mlflow = connect(tracking_uri)
     model = mlflow.pyfunc.load_model(uri)
     return model.unwrap_python_model().predictor
+
+
+def register_policy(doc: dict[str, Any], *, name: str, tracking_uri: str, experiment: str, data_hash: str,
+                    params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str] | None = None,
+                    alias: str = CHAMPION) -> str:
+    """Log a policy document (JSON) as a pyfunc model, register it as ``name`` and move ``alias`` to it.
+
+    Policies (retry budgets, admission settings) are chosen by search, not
+    trained against a held-out split, so the newest registration becomes the
+    champion; ``alias=""`` registers without moving it.
+
+    Returns:
+        The registered version.
+    """
+    import json
+    import math
+
+    from mlflow import MlflowClient
+
+    with _quiet_pyfunc_logging():
+        from sloctl.training.pyfunc import PolicyPyfunc
+
+    mlflow = connect(tracking_uri)
+    mlflow.set_experiment(experiment)
+    with mlflow.start_run(run_name=f"tune-{name}"):
+        mlflow.set_tags({"data_hash": data_hash, "model_kind": name, **(tags or {})})
+        mlflow.log_params(params)
+        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)})
+        with tempfile.TemporaryDirectory() as tmp, _quiet_pyfunc_logging():
+            path = Path(tmp) / "policy.json"
+            path.write_text(json.dumps(doc, indent=2))
+            info = mlflow.pyfunc.log_model(name="model", python_model=PolicyPyfunc(), artifacts={"policy": str(path)},
+                                           pip_requirements=["sloctl", "pandas"], registered_model_name=name)
+    version = str(info.registered_model_version)
+    if alias:
+        MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).set_registered_model_alias(
+            name, alias, version)
+    return version
+
+
+def load_policy(uri: str, *, tracking_uri: str) -> dict[str, Any]:
+    """The policy document registered under ``uri`` (e.g. ``models:/retry-policy@champion``)."""
+    mlflow = connect(tracking_uri)
+    with _quiet_pyfunc_logging():
+        model = mlflow.pyfunc.load_model(uri)
+    return model.unwrap_python_model().policy

@@ -194,49 +194,25 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
     Returns:
         The registered version.
     """
-    import tempfile
-    from pathlib import Path
-
-    from mlflow import MlflowClient
-
-    from sloctl.training.pyfunc import RetryPolicyPyfunc
-    from sloctl.training.registry import _quiet_pyfunc_logging, connect
+    from sloctl.training.registry import register_policy
 
     doc = policy.to_json()
-    mlflow = connect(tracking_uri)
-    mlflow.set_experiment(experiment)
-    with mlflow.start_run(run_name=f"tune-{name}"):
-        mlflow.set_tags({"data_hash": policy_hash(doc), "network_source": source, "model_kind": name,
-                         "feasible": str(policy.feasible)})
-        mlflow.log_params({"objective": policy.search["objective"], "model": policy.search["model"],
-                           "max_retries": policy.search["max_retries"], "per_hop": policy.search["per_hop"],
-                           "max_amplification": policy.search["max_amplification"],
-                           **{f"k_{c}": json.dumps(v, sort_keys=True) for c, v in policy.retries.items()}})
-        metrics = {"amplification": policy.amplification, "weighted_goodput_per_s": policy.score}
-        for c, row in policy.predicted.items():
-            metrics[f"predicted_rejection_{c}"] = row["end_to_end_rejection"]
-        for c, row in (policy.simulated or {}).items():
-            metrics[f"simulated_rejection_{c}"] = row["end_to_end_rejection"]
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)})
-        with tempfile.TemporaryDirectory() as tmp, _quiet_pyfunc_logging():
-            path = Path(tmp) / "policy.json"
-            path.write_text(json.dumps(doc, indent=2))
-            info = mlflow.pyfunc.log_model(name="model", python_model=RetryPolicyPyfunc(),
-                                           artifacts={"policy": str(path)}, pip_requirements=["sloctl", "pandas"],
-                                           registered_model_name=name)
-    version = str(info.registered_model_version)
-    if alias:
-        MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).set_registered_model_alias(
-            name, alias, version)
-    return version
+    metrics = {"amplification": policy.amplification, "weighted_goodput_per_s": policy.score}
+    for c, row in policy.predicted.items():
+        metrics[f"predicted_rejection_{c}"] = row["end_to_end_rejection"]
+    for c, row in (policy.simulated or {}).items():
+        metrics[f"simulated_rejection_{c}"] = row["end_to_end_rejection"]
+    params = {"objective": policy.search["objective"], "model": policy.search["model"],
+              "max_retries": policy.search["max_retries"], "per_hop": policy.search["per_hop"],
+              "max_amplification": policy.search["max_amplification"],
+              **{f"k_{c}": json.dumps(v, sort_keys=True) for c, v in policy.retries.items()}}
+    return register_policy(doc, name=name, tracking_uri=tracking_uri, experiment=experiment,
+                           data_hash=policy_hash(doc), params=params, metrics=metrics,
+                           tags={"network_source": source, "feasible": str(policy.feasible)}, alias=alias)
 
 
 def load_retry_policy(uri: str = f"models:/{POLICY_NAME}@champion", *, tracking_uri: str) -> dict[str, Any]:
     """The policy document registered under ``uri`` (what :meth:`RetryPolicy.to_json` wrote)."""
-    import mlflow
+    from sloctl.training.registry import load_policy
 
-    from sloctl.training.registry import connect
-
-    connect(tracking_uri)
-    model = mlflow.pyfunc.load_model(uri)
-    return model.unwrap_python_model().policy
+    return load_policy(uri, tracking_uri=tracking_uri)
