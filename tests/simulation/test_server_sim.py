@@ -1,0 +1,95 @@
+"""The multi-bottleneck server simulator, its baselines and Svalinn (fast: short runs only)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sloctl.simulation.admission_experiment import APPROACHES, capacity_per_s, make_policy, synthetic_workload
+from sloctl.simulation.admission_policies import AdmitAll
+from sloctl.simulation.server_sim import RequestType, ServerConfig, isolated_service_s, simulate
+
+CONFIG = ServerConfig()
+TYPES = synthetic_workload(config=CONFIG)
+CAPACITY, _ = capacity_per_s(TYPES, CONFIG)
+
+
+def _run(name, load, *, types=TYPES, duration_s=0.04, seed=0, capacity=CAPACITY):
+    policy = make_policy(name, types, CONFIG, capacity=capacity, seed=seed)
+    return simulate(types, policy, rate_per_s=load * capacity, duration_s=duration_s, warmup_s=duration_s / 4,
+                    config=CONFIG, seed=seed)
+
+
+def test_capacity_is_where_six_memory_sections_saturate_the_bus():
+    capacity, k = capacity_per_s(TYPES, CONFIG)
+    mem = next(t for t in TYPES if t.name == "mem")
+    assert k == 6
+    assert capacity == pytest.approx(2 * CONFIG.bandwidth_bytes_per_s / mem.mem_bytes)
+
+
+def test_same_seed_same_result_and_other_seed_differs():
+    a, b, c = _run("svalinn", 1.5, seed=3), _run("svalinn", 1.5, seed=3), _run("svalinn", 1.5, seed=4)
+    assert a.to_dict() == b.to_dict()
+    assert a.series == b.series
+    assert a.to_dict() != c.to_dict()
+
+
+def test_bandwidth_saturation_slows_memory_requests_and_keeps_cores_busy():
+    mem = RequestType("mem", "be", cpu_s=1e-6, mem_bytes=600e3, slo_s=1.0)
+    alone = isolated_service_s(mem, CONFIG)
+    saturating = 1.3 * CONFIG.bandwidth_bytes_per_s / mem.mem_bytes
+    light = simulate([mem], AdmitAll(), rate_per_s=0.05 * saturating, duration_s=0.05, warmup_s=0.01)
+    heavy = simulate([mem], AdmitAll(), rate_per_s=saturating, duration_s=0.05, warmup_s=0.01)
+    assert light.p_latency_s("mem", 0.5) == pytest.approx(alone, rel=0.05)
+    assert heavy.p_latency_s("mem", 0.5) > 2 * alone
+    assert heavy.bandwidth_bytes_per_s == pytest.approx(CONFIG.bandwidth_bytes_per_s, rel=0.02)
+    assert heavy.utilisation > 0.95  # sixteen cores busy, yet only six sections' worth of bytes move
+
+
+def test_cpu_only_throughput_at_saturation_is_cores_over_cpu_time():
+    cpu = RequestType("cpu", "be", cpu_s=100e-6, slo_s=10.0)
+    result = simulate([cpu], AdmitAll(), rate_per_s=1.5 * CONFIG.cores / cpu.cpu_s, duration_s=0.06,
+                      warmup_s=0.01, sample_interval_s=0.005)
+    rates = [r for t, r in zip(result.series["t_s"], result.series["good_cpu_per_s"], strict=True) if 0.01 < t <= 0.06]
+    assert sum(rates) / len(rates) == pytest.approx(CONFIG.cores / cpu.cpu_s, rel=0.02)
+    assert result.utilisation == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", ["single-queue", "seda"])
+def test_baseline_admits_all_when_light_and_drops_under_overload(name):
+    assert _run(name, 0.3).drop_rate == 0.0
+    assert _run(name, 2.0).drop_rate > 0.2
+
+
+def test_protego_admits_all_when_light_and_drops_at_a_hot_lock_under_overload():
+    hot = RequestType("write", "be", cpu_s=2e-6, lock="row", lock_s=10e-6, slo_s=100e-6)
+    capacity, _ = capacity_per_s([hot], CONFIG)
+    assert _run("protego", 0.3, types=[hot], capacity=capacity).drop_rate == 0.0
+    overloaded = _run("protego", 2.0, types=[hot], capacity=capacity)
+    assert overloaded.drop_rate > 0.3
+    assert overloaded.p_latency_s("write", 0.99) <= hot.slo_s
+
+
+@pytest.mark.parametrize("name", APPROACHES)
+def test_every_approach_accounts_for_every_request_when_light(name):
+    result = _run(name, 0.3)
+    for stats in result.types.values():
+        assert stats.offered == stats.completed + stats.dropped
+        assert stats.admitted <= stats.offered
+
+
+def test_svalinn_beats_single_queue_on_cpu_goodput_under_overload():
+    svalinn, single = _run("svalinn", 2.0, duration_s=0.06), _run("single-queue", 2.0, duration_s=0.06)
+    assert svalinn.goodput_per_s("cpu") > 1.6 * single.goodput_per_s("cpu")
+    assert svalinn.goodput_per_s("mem") > 0.8 * single.goodput_per_s("mem")
+    for name in ("cpu", "mem"):
+        assert svalinn.p_latency_s(name, 0.99) <= svalinn.slo_s[name]
+
+
+def test_svalinn_sheds_the_low_class_first():
+    # A generous SLO lets the run queue grow past the credit pool, so the pool (not the AQM) decides.
+    high = RequestType("hi", "high", cpu_s=10e-6, slo_s=2e-3)
+    low = RequestType("lo", "low", cpu_s=10e-6, slo_s=2e-3)
+    capacity, _ = capacity_per_s([high, low], CONFIG)
+    result = _run("svalinn", 2.0, types=[high, low], capacity=capacity)
+    drop = {n: s.dropped / s.offered for n, s in result.types.items()}
+    assert drop["lo"] > drop["hi"] + 0.3
