@@ -193,3 +193,56 @@ def experiment_trigger_cmd(
         events = ", ".join(f"{e['event']} at {e['t']:.2f} s" for e in outcome["events"]) or "no scaling"
         typer.echo(f"live λ={result['lambda']:.2f}/s κ={result['kappa']:g} start=[1]: {approach:<6} "
                    f"VR {outcome['vr']:.3f} cost {outcome['cost']:.1f} ({events})")
+
+
+@experiment_app.command("admission")
+def experiment_admission_cmd(
+    load_factor: float = typer.Option(2.0, help="Offered load of the overload comparison, x capacity."),
+    seed: int = typer.Option(0, help="Seed of arrivals and every controller."),
+    duration_s: float = typer.Option(0.2, help="Simulated seconds per run (the first quarter is warm-up)."),
+    plots: Path | None = typer.Option(Path("reports/admission"), help="Folder for the PNG plots ('' to skip)."),
+    live: bool = typer.Option(False, "--live", help="Instead, the live loopback run: a FastAPI app with a memory-"
+                              "heavy and a light endpoint, without and with the admission middleware."),
+    live_duration_s: float = typer.Option(4.0, help="With --live: seconds of load per run."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Svalinn vs none, single-queue, SEDA and Protego on the 50/50 CPU/memory workload (simulated)."""
+    if not load_factor > 0:
+        raise typer.BadParameter(f"must be > 0; got {load_factor}", param_hint="--load-factor")
+    if not duration_s > 0:
+        raise typer.BadParameter(f"must be > 0; got {duration_s}", param_hint="--duration-s")
+    if live:
+        from sloctl.serving.admission_demo import live_admission_experiment
+
+        result = live_admission_experiment(duration_s=live_duration_s, seed=seed)
+        if as_json:
+            typer.echo(json.dumps(result))
+            return
+        for name in ("without", "with"):
+            for path, row in result[name].items():
+                typer.echo(f"{name + ' middleware':<19} {path:<5} goodput {row['goodput_per_s']:7.1f}/s  "
+                           f"p99 {row['p99_s'] * 1e3:8.1f} ms  dropped {row['dropped']}/{row['sent']}")
+        return
+    from sloctl.simulation.admission_experiment import admission_experiment, plot_admission
+
+    echo("running 5 approaches over the load sweep, the convergence and the drop-utility runs ...")
+    result = admission_experiment(load_factor=load_factor, seed=seed, duration_s=duration_s)
+    if plots is not None and str(plots):
+        for path in plot_admission(result, plots):
+            echo(f"wrote {path}")
+    if as_json:
+        typer.echo(json.dumps(result, default=float))
+        return
+    base = result["overload"]["results"][result["baseline"]]
+    typer.echo(f"load {result['overload']['load_factor']:g}x capacity ({result['capacity_per_s']:.0f} req/s):")
+    for approach, row in result["overload"]["results"].items():
+        cells = "  ".join(f"{t}: goodput {g / 1e3:7.1f}k/s ({g / base['goodput_per_s'][t]:.2f}x) "
+                          f"p99 {row['p99_s'][t] * 1e6:9.1f} µs (SLO {result['slo_s'][t] * 1e6:.0f})"
+                          if base["goodput_per_s"][t] else f"{t}: goodput {g / 1e3:7.1f}k/s"
+                          for t, g in row["goodput_per_s"].items())
+        typer.echo(f"  {approach:<13} {cells}  drops {row['drop_rate']:.1%}")
+    typer.echo(f"m_semaphore re-convergence after a demand change: {result['convergence_ms']:.1f} ms")
+    for label, row in result["drop_utility"].items():
+        if isinstance(row, dict):
+            typer.echo(f"utility {label:<17} drop rate {row['drop_rate']:.1%}  throughput "
+                       f"{row['throughput_per_s'] / 1e3:.1f}k/s")
