@@ -20,7 +20,7 @@ import asyncio
 import json
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,6 +97,25 @@ class AdmissionMiddleware:
         self.aqm = BottleneckAQM("server", servers=self.settings.concurrency)
         self.clock = clock
         self.metrics = _Metrics()
+
+    @classmethod
+    def from_policy(cls, app: Callable, policy: Mapping[str, Any], settings: AdmissionSettings | None = None
+                    ) -> AdmissionMiddleware:
+        """A middleware whose controller comes from an ``admission-policy`` document."""
+        from sloctl.training.admission_policy import controller_from_policy
+
+        classes = tuple(c["name"] for c in sorted(policy.get("classes", []), key=lambda c: -c["priority"]))
+        if settings is None:
+            settings = AdmissionSettings(**({"classes": classes, "default_class": classes[0]} if classes else {}))
+        return cls(app, controller_from_policy(policy), settings)
+
+    @classmethod
+    def from_registry(cls, app: Callable, *, tracking_uri: str, uri: str = "models:/admission-policy@champion",
+                      settings: AdmissionSettings | None = None) -> AdmissionMiddleware:
+        """A middleware configured from the registered admission policy (by alias)."""
+        from sloctl.training.registry import load_policy
+
+        return cls.from_policy(app, load_policy(uri, tracking_uri=tracking_uri), settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in self.settings.exempt_paths:
@@ -270,6 +289,24 @@ class AsyncMSemaphore:
             if not future.done():
                 self.in_use += 1
                 future.set_result(None)
+
+    @classmethod
+    def from_policy(cls, policy: Mapping[str, Any], *, tune: bool = False, max_bandwidth: float = 1.0
+                    ) -> AsyncMSemaphore:
+        """An m_semaphore with an ``admission-policy``'s capacity; with ``tune``, a bandit warm-started
+        from the policy's arm values (``max_bandwidth`` in the units passed to :meth:`record_bytes` per second)."""
+        msem = policy["msem"]
+        tuner = None
+        if tune:
+            from sloctl.control.msemaphore import EpsilonGreedyTuner
+
+            values = {int(k): float(v) for k, v in msem.get("arm_values", {}).items()}
+            tuner = EpsilonGreedyTuner(max(values, default=msem["capacity"]) or 1, max_bandwidth,
+                                       alpha=msem.get("alpha", 0.7), omega=msem.get("omega", 0.8),
+                                       epsilon=msem.get("epsilon", 0.3), initial_capacity=msem["capacity"])
+            if values:
+                tuner.warm_start(values)
+        return cls(int(msem["capacity"]), tuner=tuner)
 
     async def __aenter__(self) -> AsyncMSemaphore:
         await self.acquire()

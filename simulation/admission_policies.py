@@ -236,12 +236,14 @@ class SvalinnPolicy(AdmitAll):
         utility: the credit controller's utility (default throughput).
         static_capacity: fix the m_semaphore capacity and disable the tuner.
         credit_kwargs, tuner_kwargs: passed on to the controller and the tuner.
+        shares: credit share per class name (default 1 each; see ``ClassShare``).
         seed: seeds the credit experiments and the tuner.
     """
 
     def __init__(self, cores: int, max_bandwidth_bytes_per_s: float, expected_service_s: Mapping[str, float],
                  priorities: Mapping[str, int] | None = None, utility=None, static_capacity: int | None = None,
-                 credit_kwargs: Mapping | None = None, tuner_kwargs: Mapping | None = None, seed: int = 0) -> None:
+                 credit_kwargs: Mapping | None = None, tuner_kwargs: Mapping | None = None, seed: int = 0,
+                 shares: Mapping[str, float] | None = None) -> None:
         from sloctl.control.aqm import BottleneckAQM
         from sloctl.control.credits import ClassShare, CreditController
         from sloctl.control.msemaphore import EpsilonGreedyTuner, MSemaphore
@@ -251,7 +253,9 @@ class SvalinnPolicy(AdmitAll):
         self.expected_service_s = dict(expected_service_s)
         self.priorities = dict(priorities or {})
         self.static_capacity = static_capacity
-        classes = [ClassShare(n, p) for n, p in self.priorities.items()] if len(self.priorities) > 1 else []
+        shares = dict(shares or {})
+        classes = ([ClassShare(n, p, shares.get(n, 1.0)) for n, p in self.priorities.items()]
+                   if len(self.priorities) > 1 else [])
         self.credits_ = CreditController(utility=utility, classes=classes, seed=seed, **dict(credit_kwargs or {}))
         self.cpu_aqm_ = BottleneckAQM("cpu", servers=cores)
         self.lock_aqm_: dict[str, BottleneckAQM] = {}

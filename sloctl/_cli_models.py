@@ -230,3 +230,44 @@ def _tune(model: str, log: Path, trials: int, storage: str | None, study_name: s
                            "mlflow_run_id": result.mlflow_run_id}))
 
 
+
+
+@train_app.command("admission")
+def train_admission_cmd(
+    workload: Path | None = typer.Option(None, "--workload", "-w", help="Workload description (YAML: server, "
+                                         "types, load; default: configs/admission_workload.yaml)."),
+    trials: int = typer.Option(12, help="Optuna trials (each one simulated run)."),
+    seed: int = typer.Option(0, help="Seed of the sampler, the arrivals and the controllers."),
+    duration_s: float = typer.Option(0.08, help="Simulated seconds per trial."),
+    register: bool = typer.Option(True, help="Register as 'admission-policy' (alias champion) in MLflow."),
+    out: Path | None = typer.Option(None, help="Also write the policy document (JSON) here."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Tune Svalinn's admission settings on a workload in the simulator and register them."""
+    import json
+
+    from sloctl.training.admission_policy import load_workload, register_admission_policy, tune_admission
+
+    if workload is None:
+        import sloctl.configs
+
+        workload = Path(sloctl.configs.__file__).resolve().parent / "admission_workload.yaml"
+    if trials < 1:
+        raise typer.BadParameter(f"must be >= 1; got {trials}", param_hint="--trials")
+    spec = load_workload(workload)
+    doc = tune_admission(spec, trials=trials, seed=seed, duration_s=duration_s,
+                         on_trial=lambda n, score: echo(f"trial {n}: weighted goodput {score / 1e3:.1f}k/s"))
+    m = doc["metrics"]
+    typer.echo(f"best: credit step ε {doc['credits']['epsilon']:.3f}, dead-band {doc['credits']['dead_band']:.3f}, "
+               f"experiment {doc['credits']['experiment_s'] * 1e3:.2f} ms, m_semaphore capacity "
+               f"{doc['msem']['capacity']}; weighted goodput {m['weighted_goodput_per_s'] / 1e3:.1f}k/s "
+               f"(library defaults: {m['default_weighted_goodput_per_s'] / 1e3:.1f}k/s), drops {m['drop_rate']:.1%}")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(doc, indent=2, default=float))
+        echo(f"wrote {out}")
+    if register:
+        cfg = load_cli_config(config)
+        version = register_admission_policy(doc, tracking_uri=cfg.registry.tracking_uri,
+                                            experiment=cfg.registry.experiment, source=str(workload))
+        echo(f"registered admission-policy v{version} (alias champion) in {cfg.registry.tracking_uri}")

@@ -1,0 +1,35 @@
+"""`sloctl train admission`: tune in the simulator, register, and configure the live middleware from the alias."""
+
+from __future__ import annotations
+
+import pytest
+
+from sloctl.training.admission_policy import load_workload, register_admission_policy, tune_admission
+
+WORKLOAD = "configs/admission_workload.yaml"
+
+
+def test_tuned_policy_registers_and_configures_the_middleware(tmp_path):
+    from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore
+
+    doc = tune_admission(load_workload(WORKLOAD), trials=2, duration_s=0.02, seed=1)
+    assert doc["kind"] == "admission-policy"
+    assert doc["metrics"]["weighted_goodput_per_s"] >= doc["metrics"]["default_weighted_goodput_per_s"] * 0.999
+    assert {c["name"] for c in doc["classes"]} == {"high", "low"}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert register_admission_policy(doc, tracking_uri=uri, experiment="t") == "1"
+    middleware = AdmissionMiddleware.from_registry(object(), tracking_uri=uri)
+    assert middleware.settings.classes == ("high", "low")
+    assert middleware.controller.credits == doc["credits"]["initial_credits"]
+    sem = AsyncMSemaphore.from_policy(doc, tune=True, max_bandwidth=1e9)
+    assert sem.capacity == doc["msem"]["capacity"]
+
+
+def test_bad_workload_description_is_named(tmp_path):
+    bad = tmp_path / "w.yaml"
+    bad.write_text("types:\n  - {name: cpu, klass: high, cpu_s: -1, slo_s: 1.0e-5}\n")
+    with pytest.raises(ValueError, match=r"types\[0\].cpu_s must be a positive number"):
+        load_workload(bad)
+    bad.write_text("loadfactor: 2\ntypes: []\n")
+    with pytest.raises(ValueError, match="unknown key 'loadfactor'"):
+        load_workload(bad)
