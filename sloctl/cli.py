@@ -265,6 +265,40 @@ def _simulated_day(cfg, log_path: Path) -> None:
     typer.echo(f"wrote {plot_day(day, Path(cfg.demo.reports_dir) / 'demo_day.png')}")
 
 
+@app.command("serve")
+def serve_cmd(
+    port: int | None = typer.Option(None, help="Port (default: serve.port in the config, 8080)."),
+    host: str | None = typer.Option(None, help="Address (default: serve.host, 127.0.0.1)."),
+    templates_log: Path | None = typer.Option(None, help="Query log giving each template's plan features "
+                                              "(default: serve.templates_log)."),
+    insecure: bool = typer.Option(False, help="Allow starting without a token (mutating endpoints open)."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """The controller runtime: routing, admission and retry budgets over HTTP (see docs/serving.md)."""
+    import os
+
+    import uvicorn
+
+    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime import load_templates_table
+
+    cfg = load_cli_config(config)
+    token = os.environ.get("SLOCTL_TOKEN") or cfg.serve.token
+    if not token and not insecure:
+        raise typer.BadParameter("no bearer token: set SLOCTL_TOKEN or serve.token in the config "
+                                 "(or pass --insecure for a local experiment)", param_hint="--insecure")
+    port = cfg.serve.port if port is None else port
+    if not 0 < port < 65536:
+        raise typer.BadParameter(f"must be in 1..65535; got {port}", param_hint="--port")
+    log_path = templates_log or cfg.serve.templates_log
+    templates = load_templates_table(log_path)
+    if templates is None:
+        echo("no templates_log: the runtime will route round-robin until one is configured")
+    app_ = create_app(cfg, token=token or None, templates=templates)
+    echo(f"sloctl serve on http://{host or cfg.serve.host}:{port} (state in {cfg.serve.state_db})")
+    uvicorn.run(app_, host=host or cfg.serve.host, port=port, log_level="warning")
+
+
 def main() -> None:
     """Entry point: run the CLI; bad input exits 2 with one clear line.
 

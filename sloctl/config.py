@@ -27,6 +27,7 @@ __all__ = [
     "IconqSection",
     "RegistrySection",
     "RouterSection",
+    "ServeSection",
     "SloctlConfig",
     "WarehouseConfig",
     "WorkloadConfig",
@@ -193,6 +194,40 @@ class RouterSection:
 
 
 @dataclass(frozen=True)
+class ServeSection:
+    """The controller runtime (``sloctl serve``).
+
+    Attributes:
+        host, port: where it listens (loopback by default).
+        token: bearer token for mutating endpoints; the ``SLOCTL_TOKEN``
+            environment variable overrides it; ``None`` and no variable means
+            the runtime refuses to start unless ``--insecure`` is given.
+        cluster_sizes: the routed pool, one size per cluster (ids c0, c1, ...).
+        templates_log: a query log whose rows give each known template's plan
+            features (needed by Iconq+ and Stage; without it the runtime
+            routes round-robin).
+        model_uri, fallback_uri: latency models by alias (Iconq+, then Stage).
+        admission_uri, retry_uri: policies by alias.
+        watch_interval_s: how often the aliases are polled for a new version.
+        state_db: SQLite file for accrued cost and running queries.
+        max_in_flight: the runtime's own admission credits (self-protection).
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token: str | None = None
+    cluster_sizes: tuple[int, ...] = (1, 2)
+    templates_log: str | None = None
+    model_uri: str = "models:/iconq@champion"
+    fallback_uri: str = "models:/stage@champion"
+    admission_uri: str = "models:/admission-policy@champion"
+    retry_uri: str = "models:/retry-policy@champion"
+    watch_interval_s: float = 10.0
+    state_db: str = "sloctl_state.db"
+    max_in_flight: int = 256
+
+
+@dataclass(frozen=True)
 class SloctlConfig:
     """All sections of a sloctl configuration file."""
 
@@ -200,6 +235,7 @@ class SloctlConfig:
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
     demo: DemoConfig = field(default_factory=DemoConfig)
+    serve: ServeSection = field(default_factory=ServeSection)
     stage: StageConfig = field(default_factory=StageConfig)
     iconq: IconqSection = field(default_factory=IconqSection)
     registry: RegistrySection = field(default_factory=RegistrySection)

@@ -1,0 +1,164 @@
+"""The controller runtime end to end: a real server on a loopback port, a temporary SQLite registry."""
+
+from __future__ import annotations
+
+import dataclasses
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from sloctl.config import load_config
+from sloctl.serving.runtime import load_templates_table
+
+TOKEN = "s3cret"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Server:
+    """uvicorn in a thread on a free port; stopped on exit."""
+
+    def __init__(self, app) -> None:
+        import uvicorn
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> httpx.Client:
+        self.thread.start()
+        client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if client.get("/readyz").status_code == 200:
+                    return client
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "server did not start"
+            time.sleep(0.05)
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory, sim_log):
+    """A registry URI and the two trained models (registered later, per test)."""
+    from sloctl.training.pipeline import train_iconq, train_stage
+
+    base = load_config()
+    cfg = dataclasses.replace(base, iconq=dataclasses.replace(base.iconq, max_epochs=3))
+    folder = tmp_path_factory.mktemp("registry")
+    return {"folder": folder, "stage": train_stage(sim_log, cfg.stage), "iconq": train_iconq(sim_log, cfg.stage,
+                                                                                            cfg.iconq)}
+
+
+def _cfg(uri: str, state_db: str):
+    base = load_config()
+    return dataclasses.replace(base, registry=dataclasses.replace(base.registry, tracking_uri=uri),
+                               serve=dataclasses.replace(base.serve, watch_interval_s=0.2, state_db=state_db))
+
+
+def _wait(predicate, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.1)
+
+
+def test_runtime_serves_every_endpoint_swaps_models_and_survives_a_restart(registry, sim_log, tmp_path):
+    from sloctl.serving.app import create_app
+    from sloctl.training.registry import register
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _cfg(uri, str(tmp_path / "state.db"))
+    templates = load_templates_table_from(sim_log)
+    template = str(templates["template"].iloc[0])
+    with Server(create_app(cfg, token=TOKEN, templates=templates)) as client:
+        # Fallback: no model registered yet -> round-robin, and the answer says so.
+        ready = client.get("/readyz").json()
+        assert ready["router"] == "round-robin"
+        first = client.post("/v1/route", json={"query_id": 1, "template": template, "slo_s": 5.0}, headers=AUTH)
+        assert first.status_code == 200 and first.json()["fallback"] and first.json()["model"] == "round-robin"
+        assert client.post("/v1/predict", json={"template": template, "cluster_size": 1}).json()["model"] is None
+        # Auth on mutating endpoints.
+        assert client.post("/v1/route", json={"query_id": 2, "template": template, "slo_s": 5.0}).status_code == 401
+        bad = client.post("/v1/route", json={"query_id": 2, "template": template, "slo_s": 5.0},
+                          headers={"Authorization": "Bearer nope"})
+        assert bad.status_code == 401 and bad.json()["field"] == "authorization"
+        # Validation: a 422 naming the field; an unknown query a 404 with a JSON body.
+        invalid = client.post("/v1/route", json={"query_id": 2, "template": template, "slo_s": -1}, headers=AUTH)
+        assert invalid.status_code == 422 and "slo_s" in str(invalid.json())
+        missing = client.post("/v1/complete", json={"query_id": 99, "latency_s": 1.0}, headers=AUTH)
+        assert missing.status_code == 404 and missing.json()["field"] == "query_id"
+        # Hot swap: register Stage, then Iconq+; the watcher picks each up without a restart.
+        register(registry["stage"], sim_log, name="stage", tracking_uri=uri, experiment="t")
+        _wait(lambda: client.get("/readyz").json()["router"] == "stage")
+        register(registry["iconq"], sim_log, name="iconq", tracking_uri=uri, experiment="t")
+        _wait(lambda: client.get("/readyz").json()["router"] == "iconq")
+        routed = client.post("/v1/route", json={"query_id": 2, "template": template, "slo_s": 5.0}, headers=AUTH)
+        body = routed.json()
+        assert routed.status_code == 200 and body["model"] == "iconq" and not body["fallback"]
+        assert set(body["explanation"]) == {"c0", "c1"} and body["predicted_latency_s"] > 0
+        unknown = client.post("/v1/route", json={"query_id": 3, "template": "nope", "slo_s": 5.0}, headers=AUTH)
+        assert unknown.status_code == 422 and unknown.json()["field"] == "template"
+        predicted = client.post("/v1/predict", json={"template": template, "cluster_size": 2,
+                                                     "neighbours": [{"template": template, "offset_s": -0.1}]})
+        assert predicted.json()["model"] == "iconq" and predicted.json()["latency_s"] > 0
+        done = client.post("/v1/complete", json={"query_id": 1, "latency_s": 0.5}, headers=AUTH)
+        assert done.status_code == 200 and done.json()["violated"] is False
+        view = client.get("/v1/clusters").json()
+        assert sum(len(c["running"]) for c in view["clusters"]) == 1 and view["completed"] == 1
+        cost_before = view["total_cost"]
+        # Admission, retry policy, metrics, status page.
+        admitted = client.post("/v1/admit", json={"class": "low", "budget_ms": 50}, headers=AUTH).json()
+        assert admitted["admitted"] is True
+        assert client.post("/v1/release", json={"class": "low"}, headers=AUTH).json()["released"]
+        assert client.post("/v1/release", json={"class": "low"}, headers=AUTH).status_code == 409
+        assert client.post("/v1/admit", json={"class": "vip"}, headers=AUTH).status_code == 422
+        assert client.get("/v1/retry-policy").status_code == 404
+        metrics = client.get("/metrics").text
+        assert "sloctl_decisions_total" in metrics and 'sloctl_model_version{slot="iconq"} 1.0' in metrics
+        page = client.get("/")
+        assert page.status_code == 200 and "sloctl controller runtime" in page.text
+    # Restart: the running query is reconciled and the cost carries on.
+    with Server(create_app(cfg, token=TOKEN, templates=templates)) as client:
+        view = client.get("/v1/clusters").json()
+        assert view["reconciled"]["restored"] == 1
+        assert view["total_cost"] >= cost_before
+        assert client.post("/v1/complete", json={"query_id": 2, "latency_s": 0.2}, headers=AUTH).status_code == 200
+
+
+def test_retry_policy_is_served_as_json_and_as_envoy_routes(tmp_path):
+    from sloctl.models.retry_network import load_network
+    from sloctl.serving.app import create_app
+    from sloctl.training.retry_budget import BudgetSearch, optimise_budgets, register_retry_policy
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    spec = load_network("configs/networks/tandem.yaml").scale_arrivals({"high": 2.0, "low": 6.0})
+    register_retry_policy(optimise_budgets(spec, BudgetSearch(max_retries=3)), tracking_uri=uri, experiment="t")
+    with Server(create_app(_cfg(uri, str(tmp_path / "state.db")), token=TOKEN)) as client:
+        policy = client.get("/v1/retry-policy").json()
+        assert set(policy["retries"]) == {"high", "low"}
+        envoy = client.get("/v1/retry-policy/envoy", params={"service": "backend"})
+        assert envoy.status_code == 200
+        assert client.get("/v1/retry-policy/envoy", params={"service": "nope"}).status_code == 422
+
+
+def load_templates_table_from(log):
+    return log.drop_duplicates("template").reset_index(drop=True)
+
+
+def test_load_templates_table_reads_a_log(tmp_path, sim_log):
+    from sloctl.datasets.querylog import write_log
+
+    path = tmp_path / "log.parquet"
+    write_log(sim_log, path)
+    assert load_templates_table(path)["template"].is_unique
+    assert load_templates_table(None) is None
