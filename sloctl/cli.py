@@ -240,6 +240,31 @@ def demo_cmd(
         typer.echo(f"models registered in {cfg.registry.tracking_uri} "
                    "(try: sloctl evaluate predictor --log reports/demo_log.parquet --json)")
         _simulated_day(cfg, paths[0])
+        _serve_briefly(cfg, paths[0])
+
+
+def _serve_briefly(cfg, log_path: Path) -> None:
+    """The demo's coda: start the runtime on a loopback port and route the demo workload through it."""
+    import dataclasses
+    import secrets
+    import tempfile
+
+    from sloctl.datasets.querylog import read_log
+    from sloctl.serving.app import create_app
+    from sloctl.serving.local import LocalServer, replay_log
+    from sloctl.serving.runtime import load_templates_table
+
+    echo("Starting `sloctl serve` briefly and routing the demo workload through it ...")
+    token = secrets.token_hex(8)
+    with tempfile.TemporaryDirectory() as tmp:
+        run_cfg = dataclasses.replace(cfg, serve=dataclasses.replace(cfg.serve, state_db=str(Path(tmp) / "s.db")))
+        app_ = create_app(run_cfg, token=token, templates=load_templates_table(log_path), watch=False)
+        with LocalServer(app_) as client:
+            result = replay_log(client, read_log(log_path), token=token, duration_s=3.0)
+            typer.echo(f"service at {client.base_url}: routed {result['queries']} queries with "
+                       f"{'/'.join(result['models'])} ({result['per_cluster']}); decision time p50 "
+                       f"{result['decision_ms_p50']:.2f} ms, p99 {result['decision_ms_p99']:.2f} ms; VR "
+                       f"{result['violation_rate']:.3f}, cost {result['total_cost']:.1f}")
 
 
 def _simulated_day(cfg, log_path: Path) -> None:

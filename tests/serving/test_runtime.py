@@ -3,48 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import socket
-import threading
 import time
 
-import httpx
 import pytest
 
 from sloctl.config import load_config
+from sloctl.serving.local import LocalServer
 from sloctl.serving.runtime import load_templates_table
 
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-class Server:
-    """uvicorn in a thread on a free port; stopped on exit."""
-
-    def __init__(self, app) -> None:
-        import uvicorn
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self) -> httpx.Client:
-        self.thread.start()
-        client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=30)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if client.get("/readyz").status_code == 200:
-                    return client
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.05)
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +48,7 @@ def test_runtime_serves_every_endpoint_swaps_models_and_survives_a_restart(regis
     cfg = _cfg(uri, str(tmp_path / "state.db"))
     templates = load_templates_table_from(sim_log)
     template = str(templates["template"].iloc[0])
-    with Server(create_app(cfg, token=TOKEN, templates=templates)) as client:
+    with LocalServer(create_app(cfg, token=TOKEN, templates=templates)) as client:
         # Fallback: no model registered yet -> round-robin, and the answer says so.
         ready = client.get("/readyz").json()
         assert ready["router"] == "round-robin"
@@ -127,8 +95,14 @@ def test_runtime_serves_every_endpoint_swaps_models_and_survives_a_restart(regis
         assert "sloctl_decisions_total" in metrics and 'sloctl_model_version{slot="iconq"} 1.0' in metrics
         page = client.get("/")
         assert page.status_code == 200 and "sloctl controller runtime" in page.text
+        # The demo workload replays through the service.
+        from sloctl.serving.local import replay_log
+
+        replayed = replay_log(client, sim_log.head(40), token=TOKEN, duration_s=0.5, first_query_id=1000)
+        assert replayed["queries"] == int((sim_log.head(40)["status"] == "ok").sum())
+        assert replayed["models"] == ["iconq"]
     # Restart: the running query is reconciled and the cost carries on.
-    with Server(create_app(cfg, token=TOKEN, templates=templates)) as client:
+    with LocalServer(create_app(cfg, token=TOKEN, templates=templates)) as client:
         view = client.get("/v1/clusters").json()
         assert view["reconciled"]["restored"] == 1
         assert view["total_cost"] >= cost_before
@@ -143,7 +117,7 @@ def test_retry_policy_is_served_as_json_and_as_envoy_routes(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     spec = load_network("configs/networks/tandem.yaml").scale_arrivals({"high": 2.0, "low": 6.0})
     register_retry_policy(optimise_budgets(spec, BudgetSearch(max_retries=3)), tracking_uri=uri, experiment="t")
-    with Server(create_app(_cfg(uri, str(tmp_path / "state.db")), token=TOKEN)) as client:
+    with LocalServer(create_app(_cfg(uri, str(tmp_path / "state.db")), token=TOKEN)) as client:
         policy = client.get("/v1/retry-policy").json()
         assert set(policy["retries"]) == {"high", "low"}
         envoy = client.get("/v1/retry-policy/envoy", params={"service": "backend"})

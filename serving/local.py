@@ -1,0 +1,114 @@
+"""Running the controller runtime in process: a loopback server and a log replay through it.
+
+``LocalServer`` starts uvicorn on a free 127.0.0.1 port in a thread and stops
+it on exit (tests, benchmarks and ``make demo`` use it). ``replay_log`` sends a
+query log's arrivals through ``/v1/route`` and reports each query finished
+with its logged latency through ``/v1/complete``, compressed in time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import socket
+import threading
+import time
+from typing import Any
+
+__all__ = ["LocalServer", "replay_log"]
+
+
+class LocalServer:
+    """uvicorn serving ``app`` on a free loopback port; ``with LocalServer(app) as client`` yields an httpx client."""
+
+    def __init__(self, app: Any, *, start_timeout_s: float = 30.0) -> None:
+        import uvicorn
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.start_timeout_s = start_timeout_s
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="sloctl-local-server", daemon=True)
+
+    def __enter__(self):
+        import httpx
+
+        self.thread.start()
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                if self.client.get("/readyz").status_code == 200:
+                    return self.client
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                self.__exit__()
+                raise RuntimeError(f"the runtime did not become ready on {self.url}")
+            time.sleep(0.05)
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.client.close()
+
+
+def replay_log(client: Any, log: Any, *, token: str, duration_s: float = 3.0, default_slo_s: float | None = None,
+               first_query_id: int = 0) -> dict[str, Any]:
+    """Route every ``ok`` query of ``log`` through the service, completing each after its logged latency.
+
+    Arrivals and latencies are compressed by one factor so the replay lasts
+    about ``duration_s``. SLOs default to 2× each template's median isolated
+    latency in the log (queries with no neighbours), else 2× its median.
+
+    ``first_query_id`` numbers the replayed queries from there on.
+
+    Returns:
+        Counts per cluster, decision time p50/p99 (server side), the model that routed, VR and cost as the
+        service reports them.
+    """
+    import numpy as np
+
+    auth = {"Authorization": f"Bearer {token}"}
+    done = log[log["status"] == "ok"].sort_values("arrival_s").reset_index(drop=True)
+    if done.empty:
+        raise ValueError("The log has no finished ('ok') queries to replay.")
+    span = float(done["arrival_s"].max() - done["arrival_s"].min()) or 1.0
+    scale = duration_s / span
+    slo = {t: default_slo_s or 2.0 * float(g["latency_s"].median()) for t, g in done.groupby("template")}
+    start = time.monotonic()
+    t0 = float(done["arrival_s"].min())
+    pending: list[tuple[float, int, float]] = []
+    per_cluster: dict[str, int] = {}
+    decision_ms, models = [], set()
+
+    def finish_due(now: float) -> None:
+        while pending and pending[0][0] <= now:
+            _, qid, latency = heapq.heappop(pending)
+            client.post("/v1/complete", json={"query_id": qid, "latency_s": latency}, headers=auth).raise_for_status()
+
+    for qid, row in enumerate(done.itertuples(index=False), start=first_query_id):
+        at = (row.arrival_s - t0) * scale
+        while True:
+            now = time.monotonic() - start
+            finish_due(now)
+            if now >= at:
+                break
+            time.sleep(min(at - now, pending[0][0] - now if pending else at - now, 0.05))
+        response = client.post("/v1/route", json={"query_id": qid, "template": row.template,
+                                                  "slo_s": slo[row.template]}, headers=auth)
+        response.raise_for_status()
+        body = response.json()
+        per_cluster[body["cluster_id"]] = per_cluster.get(body["cluster_id"], 0) + 1
+        decision_ms.append(body["decision_ms"])
+        models.add(body["model"])
+        heapq.heappush(pending, ((time.monotonic() - start) + row.latency_s * scale, qid, float(row.latency_s)))
+    while pending:
+        time.sleep(max(0.0, pending[0][0] - (time.monotonic() - start)))
+        finish_due(time.monotonic() - start)
+    view = client.get("/v1/clusters").json()
+    return {"queries": len(done), "per_cluster": per_cluster, "models": sorted(models),
+            "decision_ms_p50": float(np.percentile(decision_ms, 50)),
+            "decision_ms_p99": float(np.percentile(decision_ms, 99)),
+            "violation_rate": view["violation_rate"], "total_cost": view["total_cost"]}
