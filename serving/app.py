@@ -5,6 +5,7 @@ Endpoints (all JSON; mutating ones need ``Authorization: Bearer TOKEN``):
 * ``POST /v1/predict`` — a query's latency on a cluster size given neighbours;
 * ``POST /v1/route`` / ``POST /v1/complete`` — the Query Router and its feedback;
 * ``GET /v1/clusters`` — the pool, running queries, accrued cost;
+  ``PUT`` / ``DELETE /v1/clusters/{id}`` — a cluster spun up or retired (e.g. by the autoscaler);
 * ``POST /v1/admit`` / ``POST /v1/release`` — admission decisions (credits);
 * ``GET /v1/retry-policy`` and ``GET /v1/retry-policy/envoy?service=S`` — retry budgets;
 * ``GET /metrics``, ``GET /healthz``, ``GET /readyz``, and ``GET /`` (status page).
@@ -22,7 +23,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
-from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
@@ -52,6 +53,10 @@ class CompleteBody(BaseModel):
     query_id: int = Field(ge=0, le=2**62)
     latency_s: float = Field(ge=0, le=86400)
     status: Literal["ok", "failed", "timeout"] = "ok"
+
+
+class ClusterBody(BaseModel):
+    size: int = Field(ge=1, le=1024)
 
 
 class AdmitBody(BaseModel):
@@ -185,6 +190,16 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
     @app.get("/v1/clusters")
     def clusters() -> dict[str, Any]:
         return runtime().clusters_view()
+
+    @app.put("/v1/clusters/{cluster_id}", dependencies=[Depends(require_token)])
+    def put_cluster(body: ClusterBody, cluster_id: str = Path(min_length=1, max_length=64,
+                                                               pattern=r"^[A-Za-z0-9_.-]+$")) -> dict[str, Any]:
+        return runtime().put_cluster(cluster_id, body.size)
+
+    @app.delete("/v1/clusters/{cluster_id}", dependencies=[Depends(require_token)])
+    def delete_cluster(cluster_id: str = Path(min_length=1, max_length=64,
+                                             pattern=r"^[A-Za-z0-9_.-]+$")) -> dict[str, Any]:
+        return runtime().delete_cluster(cluster_id)
 
     @app.post("/v1/admit", dependencies=[Depends(require_token)])
     def admit(body: AdmitBody) -> dict[str, Any]:

@@ -490,3 +490,103 @@ def live_autoscale_experiment(
             "mean_delta": mean_delta([{k: {"vr": v["vr"], "cost": v["cost"]} for k, v in results.items()}], "no-op"),
             "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "n_queries": len(queries),
                            "warmup_s": warmup_s}}
+
+
+class HttpRouter:
+    """The Query Router of a running ``sloctl serve``, behind the local :class:`~sloctl.control.router.Router` API.
+
+    Each decision is the service's (``POST /v1/route``); completions go back
+    with ``POST /v1/complete``. Clusters the local pool spins up or retires are
+    announced first (``PUT``/``DELETE /v1/clusters/{id}``), so the service
+    routes only onto live clusters. A local shadow of the running queries
+    (``model``, an :class:`~sloctl.models.online.OnlinePredictor`) mirrors the
+    service's decisions for the autoscaler's what-if simulations.
+    """
+
+    name = "service"
+
+    def __init__(self, client: Any, token: str | None, model: Any) -> None:
+        self.client = client
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.model = model
+        self.known: dict[str, int] = {}
+        self.arrival: dict[int, float] = {}
+
+    def _sync(self, clusters: list[Any]) -> None:
+        if not self.known:
+            self.known = {c["cluster_id"]: c["size"] for c in self.client.get("/v1/clusters").json()["clusters"]}
+        active = {c.cluster_id: c.size for c in clusters}
+        for cid in [c for c in self.known if c not in active]:
+            if self.client.delete(f"/v1/clusters/{cid}", headers=self.headers).status_code in (200, 404):
+                del self.known[cid]
+        for cid, size in active.items():
+            if self.known.get(cid) != size:
+                self.client.put(f"/v1/clusters/{cid}", json={"size": size}, headers=self.headers).raise_for_status()
+                self.known[cid] = size
+
+    def route(self, query: Query, clusters: list[Any], now_s: float) -> Any:
+        from sloctl.control.router import RouteDecision
+
+        self._sync(clusters)
+        response = self.client.post("/v1/route", json={"query_id": query.query_id, "template": query.template,
+                                                       "slo_s": query.slo_s}, headers=self.headers)
+        if response.status_code != 200:
+            raise ValueError(f"the service refused to route query {query.query_id}: {response.text[:300]}")
+        body = response.json()
+        size = {c.cluster_id: c.size for c in clusters}[body["cluster_id"]]
+        local = self.model.commit(query.query_id, query.template, query.arrival_s, query.slo_s, body["cluster_id"],
+                                  size, now_s)
+        self.arrival[query.query_id] = query.arrival_s
+        predicted = body["predicted_latency_s"]
+        return RouteDecision(body["cluster_id"], local if predicted is None else predicted, body["explanation"])
+
+    def on_complete(self, query_id: int, now_s: float) -> None:
+        latency = max(0.0, now_s - self.arrival.pop(query_id, now_s))
+        self.client.post("/v1/complete", json={"query_id": query_id, "latency_s": latency},
+                         headers=self.headers).raise_for_status()
+        self.model.complete(query_id)
+
+
+def run_live_through_service(url: str, token: str | None, db_path: str | Path, log: pd.DataFrame,
+                             predictor: LatencyPredictor, *, load: float = 0.85, kappa: float = 2.0,
+                             copies: int = 2, seed: int = 0, autoscale: bool = True, warmup_s: float = 1.0,
+                             on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Replay a seeded BaseWorkload against real DuckDB clusters, routed by the service at ``url``.
+
+    The local pool starts with one size-1 cluster; with ``autoscale`` the
+    AutoSLO autoscaler (planning with ``predictor``) adds one when its trigger
+    fires, and the service learns of it before its first query.
+    """
+    import os
+
+    import httpx
+
+    from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
+    from sloctl.control.router import IconqRouter
+    from sloctl.datasets.tpc import Template
+    from sloctl.datasets.workloads import base_workload
+    from sloctl.models.online import OnlinePredictor
+    from sloctl.simulation.experiments import ScalingExperimentConfig, autoscaler_config
+
+    sql, slo_ref, templates, mean_iso, table = _live_setup(log)
+    workload = base_workload([Template(t, sql[t]) for t in templates], load / mean_iso, copies, seed=seed)
+    queries = [Query(i, q.template, q.arrival_s, kappa * slo_ref[q.template]) for i, q in enumerate(workload.queries)]
+    minimum_s = 5.0 * mean_iso
+    with httpx.Client(base_url=url, timeout=30) as client, _torch_threads(1):
+        router = HttpRouter(client, token, OnlinePredictor(predictor, table))
+        autoscaler = None
+        if autoscale:
+            free = len(os.sched_getaffinity(0)) - 1
+            sizes = tuple(s for s in (1, 2) if s <= max(free, 1))
+            cfg = ScalingExperimentConfig()
+            config = autoscaler_config(cfg, mean_iso, candidate_sizes=sizes, spinup_delay_s=warmup_s + 0.1,
+                                       max_clusters=2)
+            autoscaler = Autoscaler(config, SpinupTrigger(cfg.theta, cfg.tau_trigger), router,
+                                    lambda model: IconqRouter(model), mode="add", minimum_s=minimum_s)
+        outcome = run_live(db_path, queries, [("c0", 1)], router, minimum_s=minimum_s, sql_by_template=sql,
+                           on_progress=on_progress, autoscaler=autoscaler, warmup_s=warmup_s)
+        service = client.get("/v1/clusters").json()
+    return {"queries": len(queries), "vr": outcome.violation_rate, "cost": outcome.cost,
+            "spin_ups": sum(e["event"] == "spin_up" for e in outcome.events), "events": outcome.events,
+            "service": {"violation_rate": service["violation_rate"], "total_cost": service["total_cost"],
+                        "model": service["model"]}}

@@ -146,6 +146,9 @@ class Runtime:
         self._db.execute("CREATE TABLE IF NOT EXISTS running (query_id INTEGER PRIMARY KEY, template TEXT, "
                          "cluster_id TEXT, arrival_wall REAL, slo_s REAL, predicted_s REAL)")
         self.cost_offset = dict(self._db.execute("SELECT cluster_id, accrued FROM cost").fetchall())
+        for cid in list(self.cost_offset):  # clusters retired in an earlier run keep their cost
+            if cid not in self.clusters and cid != "_retired":
+                self.cost_offset["_retired"] = self.cost_offset.get("_retired", 0.0) + self.cost_offset.pop(cid)
         self.admission = None
         self.refresh()
         self._reconcile()
@@ -233,6 +236,8 @@ class Runtime:
                 raise RuntimeError_(f"query {query_id} is already running", status=409, field="query_id")
             if self.router_kind != "round-robin":
                 self._check_template(template)
+            if not self.clusters:
+                raise RuntimeError_("the pool has no cluster to route to", status=409)
             now = self.now_s()
             started = time.perf_counter()
             decision = self.router.route(Query(query_id, template, now, slo_s), list(self.clusters.values()), now)
@@ -273,16 +278,57 @@ class Runtime:
             return {"query_id": query_id, "cluster_id": r.cluster_id, "violated": violated,
                     "predicted_latency_s": None if not np.isfinite(r.predicted_s) else r.predicted_s}
 
+    def put_cluster(self, cluster_id: str, size: int) -> dict[str, Any]:
+        """Add a cluster (or resize an idle one), e.g. after a spin-up."""
+        from sloctl.control.billing import BillingTimer
+        from sloctl.control.router import ClusterState
+
+        with self.lock:
+            current = self.clusters.get(cluster_id)
+            if current is not None and current.size == size:
+                return {"cluster_id": cluster_id, "size": size, "changed": False}
+            if current is not None:
+                self._check_idle(cluster_id)
+                self._retire_cost(cluster_id)
+            self.clusters[cluster_id] = ClusterState(cluster_id, size, BillingTimer(self.cfg.router.minimum_s),
+                                                     self.cfg.router.price_per_unit_s)
+            self._persist_cost(self.now_s())
+            return {"cluster_id": cluster_id, "size": size, "changed": True}
+
+    def delete_cluster(self, cluster_id: str) -> dict[str, Any]:
+        """Retire an idle cluster (its accrued cost stays in the total)."""
+        with self.lock:
+            if cluster_id not in self.clusters:
+                raise RuntimeError_(f"unknown cluster {cluster_id!r}", status=404, field="cluster_id")
+            self._check_idle(cluster_id)
+            self._retire_cost(cluster_id)
+            del self.clusters[cluster_id]
+            self._db.execute("DELETE FROM cost WHERE cluster_id = ?", (cluster_id,))
+            self._persist_cost(self.now_s())
+            return {"cluster_id": cluster_id, "retired": True}
+
+    def _check_idle(self, cluster_id: str) -> None:
+        busy = [r.query_id for r in self.running.values() if r.cluster_id == cluster_id]
+        if busy:
+            raise RuntimeError_(f"cluster {cluster_id!r} still runs {len(busy)} queries", status=409,
+                                field="cluster_id")
+
+    def _retire_cost(self, cluster_id: str) -> None:
+        self.cost_offset["_retired"] = self.cost_offset.get("_retired", 0.0) + self.cost(cluster_id, self.now_s())
+        self.cost_offset.pop(cluster_id, None)
+
     def cost(self, cluster_id: str, now: float) -> float:
         c = self.clusters[cluster_id]
         return self.cost_offset.get(cluster_id, 0.0) + c.price_per_unit_s * c.size * c.timer.active_s(now)
 
     def total_cost(self, now: float) -> float:
-        return sum(self.cost(cid, now) for cid in self.clusters)
+        return self.cost_offset.get("_retired", 0.0) + sum(self.cost(cid, now) for cid in self.clusters)
 
     def _persist_cost(self, now: float) -> None:
+        rows = [(cid, self.cost(cid, now)) for cid in self.clusters]
+        rows.append(("_retired", self.cost_offset.get("_retired", 0.0)))
         self._db.executemany("INSERT INTO cost VALUES (?, ?) ON CONFLICT(cluster_id) DO UPDATE SET accrued = "
-                             "excluded.accrued", [(cid, self.cost(cid, now)) for cid in self.clusters])
+                             "excluded.accrued", rows)
 
     def clusters_view(self) -> dict[str, Any]:
         with self.lock:

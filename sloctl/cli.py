@@ -324,6 +324,49 @@ def serve_cmd(
     uvicorn.run(app_, host=host or cfg.serve.host, port=port, log_level="warning")
 
 
+@app.command("run-live")
+def run_live_cmd(
+    log: Path = typer.Option(..., "--log", "-l", help="Query log: templates, SLO references and plan features."),
+    url: str | None = typer.Option(None, help="The running service (default: http://serve.host:serve.port)."),
+    model: str = typer.Option("models:/iconq@champion", help="Model the local autoscaler plans with."),
+    db: Path | None = typer.Option(None, help="TPC-H database the log was collected on (default: SF 1)."),
+    load: float = typer.Option(0.85, help="Offered load, x one size-1 cluster's capacity."),
+    kappa: float = typer.Option(2.0, help="SLO = kappa x the template's reference latency."),
+    copies: int = typer.Option(2, help="Copies of every template in the workload."),
+    seed: int = typer.Option(0),
+    autoscale: bool = typer.Option(True, help="Run the AutoSLO autoscaler (real spin-ups)."),
+    warmup_s: float = typer.Option(1.0, help="Warm-up added to every real spin-up."),
+    as_json: bool = typer.Option(False, "--json"),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Replay a workload on live DuckDB clusters, every query routed by a running `sloctl serve`."""
+    import json
+    import os
+
+    from sloctl._cli_experiments import _live_db
+    from sloctl.datasets.querylog import read_log
+    from sloctl.serving.live import run_live_through_service
+    from sloctl.training.registry import load_model
+
+    cfg = load_cli_config(config)
+    if load <= 0 or kappa <= 0 or copies < 1:
+        raise typer.BadParameter("--load and --kappa must be > 0 and --copies >= 1")
+    url = url or f"http://{cfg.serve.host}:{cfg.serve.port}"
+    token = os.environ.get("SLOCTL_TOKEN") or cfg.serve.token
+    result = run_live_through_service(url, token, _live_db(db, cfg), read_log(log),
+                                      load_model(model, tracking_uri=cfg.registry.tracking_uri), load=load,
+                                      kappa=kappa, copies=copies, seed=seed, autoscale=autoscale, warmup_s=warmup_s,
+                                      on_progress=lambda done, total: echo(f"{done}/{total} queries done")
+                                      if done == total else None)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    events = ", ".join(f"{e['event']} at {e['t']:.2f} s" for e in result["events"]) or "no scaling"
+    typer.echo(f"{result['queries']} queries routed by {url} ({result['service']['model']}): VR {result['vr']:.3f}, "
+               f"cost {result['cost']:.1f} ({events}); the service counts VR "
+               f"{result['service']['violation_rate']:.3f}, cost {result['service']['total_cost']:.1f}")
+
+
 def main() -> None:
     """Entry point: run the CLI; bad input exits 2 with one clear line.
 

@@ -136,3 +136,25 @@ def test_load_templates_table_reads_a_log(tmp_path, sim_log):
     write_log(sim_log, path)
     assert load_templates_table(path)["template"].is_unique
     assert load_templates_table(None) is None
+
+
+def test_clusters_can_be_added_and_retired_and_keep_their_cost(tmp_path):
+    from sloctl.serving.app import create_app
+
+    cfg = _cfg(f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "state.db"))
+    with LocalServer(create_app(cfg, token=TOKEN)) as client:
+        assert client.put("/v1/clusters/auto1", json={"size": 2}).status_code == 401
+        assert client.put("/v1/clusters/auto1", json={"size": 2}, headers=AUTH).json()["changed"]
+        assert client.put("/v1/clusters/bad id", json={"size": 2}, headers=AUTH).status_code == 422
+        for cid in ("c0", "c1"):
+            assert client.delete(f"/v1/clusters/{cid}", headers=AUTH).json()["retired"]
+        routed = client.post("/v1/route", json={"query_id": 7, "template": "t", "slo_s": 1.0}, headers=AUTH).json()
+        assert routed["cluster_id"] == "auto1"
+        assert client.delete("/v1/clusters/auto1", headers=AUTH).status_code == 409  # still running a query
+        client.post("/v1/complete", json={"query_id": 7, "latency_s": 0.1}, headers=AUTH).raise_for_status()
+        cost = client.get("/v1/clusters").json()["total_cost"]
+        assert client.delete("/v1/clusters/auto1", headers=AUTH).status_code == 200
+        after = client.get("/v1/clusters").json()
+        assert after["clusters"] == [] and after["total_cost"] >= cost > 0
+        assert client.post("/v1/route", json={"query_id": 8, "template": "t", "slo_s": 1.0},
+                           headers=AUTH).status_code == 409
