@@ -129,6 +129,7 @@ class Runtime:
 
         serve, registry = self.cfg.serve, self.cfg.registry
         self.lock = threading.RLock()
+        self.admission_lock = threading.Lock()
         self.wall0 = time.time()
         self.slots = {name: ModelSlot(uri, registry.tracking_uri, kind) for name, uri, kind in (
             ("iconq", serve.model_uri, "latency"), ("stage", serve.fallback_uri, "latency"),
@@ -164,7 +165,8 @@ class Runtime:
             if swapped["iconq"] or swapped["stage"] or not hasattr(self, "router"):
                 self._build_router()
             if swapped["admission"] or self.admission is None:
-                self._build_admission()
+                with self.admission_lock:
+                    self._build_admission()
         return swapped
 
     def latency_model(self) -> str:
