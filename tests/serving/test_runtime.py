@@ -158,3 +158,30 @@ def test_clusters_can_be_added_and_retired_and_keep_their_cost(tmp_path):
         assert after["clusters"] == [] and after["total_cost"] >= cost > 0
         assert client.post("/v1/route", json={"query_id": 8, "template": "t", "slo_s": 1.0},
                            headers=AUTH).status_code == 409
+
+
+def test_a_version_that_fails_to_load_keeps_the_last_good_model(registry, sim_log, tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    import sloctl.training.registry as reg
+    from sloctl.serving.runtime import ModelSlot
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    reg.register(registry["stage"], sim_log, name="stage", tracking_uri=uri, experiment="t")
+    slot = ModelSlot("models:/stage@champion", uri, "latency")
+    assert slot.refresh() and slot.version == "1"
+    reg.register(registry["stage"], sim_log, name="stage", tracking_uri=uri, experiment="t")
+    MlflowClient(tracking_uri=uri, registry_uri=uri).set_registered_model_alias("stage", "champion", "2")
+    real = reg.load_model
+
+    def broken(model_uri, **kwargs):
+        if model_uri.endswith("/2"):
+            raise OSError("artifact store unreachable")
+        return real(model_uri, **kwargs)
+
+    monkeypatch.setattr(reg, "load_model", broken)
+    assert not slot.refresh()
+    assert slot.version == "1" and slot.value is not None
+    assert "version 2 failed to load" in slot.error and "serving version 1" in slot.error
+    monkeypatch.setattr(reg, "load_model", real)
+    assert slot.refresh() and slot.version == "2" and slot.error is None
