@@ -18,6 +18,7 @@ import typer
 
 from sloctl._cli_common import ConfigOption, echo, load_cli_config, parse_sizes, router_margin
 from sloctl._cli_experiments import experiment_app
+from sloctl._cli_forecast import forecast_app
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_retry import retry_app
 from sloctl.errors import SloctlError
@@ -43,6 +44,7 @@ app.add_typer(evaluate_app, name="evaluate")
 app.add_typer(tune_app, name="tune")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(retry_app, name="retry")
+app.add_typer(forecast_app, name="forecast")
 app.command("predict")(predict_cmd)
 
 @warehouse_app.command("generate")
