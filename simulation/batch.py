@@ -1,0 +1,285 @@
+"""The Batch Simulator of the Policy Tuner (AutoSLO §7.3).
+
+:func:`simulate_batch` (alias ``SimulateBatch``) runs every execution
+configuration on every workload and returns the matrix ``R[i][j]``: violation
+rate, cost and per-query timeline of configuration ``i`` on workload ``j``.
+
+Design:
+
+* A *runner* simulates one cell: ``runner(config, queries, seed) -> CellResult``.
+  It must be a picklable top-level callable holding plain data
+  (:class:`WarehouseRunner` holds the emulated world and, for model-based
+  routers, the *folder* of a saved predictor, loaded once per process).
+* Cells run on a spawn-context ``ProcessPoolExecutor`` by default. The runner
+  and the workloads travel once per worker (pool initializer); a task is only
+  ``(i, j, config, seed)``. With ``ray_address`` the cells run as Ray tasks,
+  runner and workloads put once in the object store.
+* Workload ``j`` is simulated with seed ``SeedSequence([seed, j])`` under
+  every configuration (common random numbers: configurations are compared on
+  the same service-time draws). The result depends on nothing else, so the
+  process pool, Ray, and any worker count give identical matrices.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, Timeline
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sloctl.control.router import Query
+    from sloctl.simulation.emulator import WarehouseEmulator
+    from sloctl.simulation.engine import SimulationResult
+
+__all__ = ["BatchResult", "CellResult", "SimulateBatch", "WarehouseRunner", "cell_seed", "simulate_batch",
+           "timeline_of"]
+
+Runner = Callable[[ExecutionConfig, Sequence["Query"], int], "CellResult"]
+
+
+@dataclass(eq=False)
+class CellResult:
+    """One simulation: configuration ``i`` on workload ``j``."""
+
+    vr: float
+    cost: float
+    timeline: Timeline
+
+    @property
+    def n_queries(self) -> int:
+        return len(self.timeline.arrival_s)
+
+    def equals(self, other: CellResult) -> bool:
+        return self.vr == other.vr and self.cost == other.cost and self.timeline.equals(other.timeline)
+
+
+@dataclass(eq=False)
+class BatchResult:
+    """The result matrix ``R``: ``R[i][j]`` is configuration ``i`` on workload ``j``."""
+
+    cells: list[list[CellResult]]
+    wall_s: float = 0.0
+    backend: str = "inline"
+    workers: int = 1
+
+    def __getitem__(self, i: int) -> list[CellResult]:
+        return self.cells[i]
+
+    def __len__(self) -> int:
+        return len(self.cells)
+
+    def vr(self) -> np.ndarray:
+        """Violation rates, shape (configs, workloads)."""
+        return np.array([[c.vr for c in row] for row in self.cells])
+
+    def cost(self) -> np.ndarray:
+        """Costs, shape (configs, workloads)."""
+        return np.array([[c.cost for c in row] for row in self.cells])
+
+    def n_queries(self) -> int:
+        return sum(c.n_queries for row in self.cells for c in row)
+
+    def equals(self, other: BatchResult) -> bool:
+        return len(self) == len(other) and all(
+            len(a) == len(b) and all(x.equals(y) for x, y in zip(a, b, strict=True))
+            for a, b in zip(self.cells, other.cells, strict=True))
+
+
+def cell_seed(seed: int, j: int) -> int:
+    """The simulation seed of workload ``j`` (the same under every configuration)."""
+    return int(np.random.SeedSequence([seed, j]).generate_state(1)[0])
+
+
+def timeline_of(result: SimulationResult, start_clusters: int) -> Timeline:
+    """Per-query arrays (arrival order) and the provisioned-cluster count of a simulation."""
+    frame = result.queries.sort_values(["arrival_s", "query_id"], kind="stable") if len(result.queries) else None
+    arrival = frame["arrival_s"].to_numpy(float) if frame is not None else np.empty(0)
+    end = frame["end_s"].to_numpy(float) if frame is not None else np.empty(0)
+    violated = frame["violated"].to_numpy(bool) if frame is not None else np.empty(0, bool)
+    times, counts, n = [0.0], [start_clusters], start_clusters
+    for e in result.events:
+        if e["event"] in ("spin_up", "tear_down"):
+            n += 1 if e["event"] == "spin_up" else -1
+            times.append(float(e["t"]))
+            counts.append(n)
+    return Timeline(arrival, arrival.copy(), end, violated, np.asarray(times), np.asarray(counts))
+
+
+_PREDICTORS: dict[str, Any] = {}
+
+
+def _load_predictor(folder: str) -> Any:
+    # once per process: workers never receive a model, only its folder
+    if folder not in _PREDICTORS:
+        from sloctl.training.artifacts import load_predictor
+
+        _PREDICTORS[folder] = load_predictor(folder)
+    return _PREDICTORS[folder]
+
+
+@dataclass(eq=False)
+class WarehouseRunner:
+    """Simulates one cell in the emulated warehouse (picklable: plain data and a model folder).
+
+    Attributes:
+        world: the emulated warehouse.
+        minimum_s, price_per_unit_s: billing.
+        router: ``round-robin``, ``stage`` (Stage + cost) or ``iconq`` (Iconq+).
+        predictor_dir: folder written by
+            :func:`~sloctl.training.artifacts.save_predictor` (model-based routers).
+        table: feature table of the templates (model-based routers).
+        trigger: reactive spin-up trigger, ``spinup`` (Algorithm 2) or ``queue``
+            (Queue@N); used when the configuration has autoscaler parameters.
+        queue_n: N of the Queue@N trigger.
+        spinup_delay_s, max_clusters: used when the configuration has no
+            reactive autoscaler (otherwise its own values apply).
+        slo_margin, cost_tolerance: Iconq+ router settings.
+    """
+
+    world: WarehouseEmulator
+    minimum_s: float = 60.0
+    price_per_unit_s: float = 1.0
+    router: str = "round-robin"
+    predictor_dir: str | None = None
+    table: pd.DataFrame | None = None
+    trigger: str = "spinup"
+    queue_n: int = 8
+    spinup_delay_s: float = 300.0
+    max_clusters: int = 4
+    slo_margin: float = 0.3
+    cost_tolerance: float = 1.0
+
+    def _router(self) -> tuple[Any, Callable[[Any], Any]]:
+        from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter
+        from sloctl.models.online import OnlinePredictor
+
+        if self.router == "round-robin":
+            return RoundRobinRouter(), lambda model: RoundRobinRouter()
+        if self.router not in ("stage", "iconq") or self.predictor_dir is None or self.table is None:
+            raise ValueError(f"The 'router' parameter of WarehouseRunner must be 'round-robin', or 'stage'/'iconq' "
+                             f"with predictor_dir and table; got {self.router!r}.")
+        model = OnlinePredictor(_load_predictor(self.predictor_dir), self.table, use_iconq=self.router == "iconq")
+        if self.router == "stage":
+            return StageCostRouter(model), StageCostRouter
+
+        def make_router(m: Any) -> IconqRouter:
+            return IconqRouter(m, slo_margin=self.slo_margin, cost_tolerance=self.cost_tolerance)
+
+        return make_router(model), make_router
+
+    def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
+        from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
+        from sloctl.simulation.engine import WarehouseSimulator
+
+        router, make_router = self._router()
+        inner = None
+        if config.autoscaler is not None:
+            if self.router == "round-robin":
+                raise ValueError("A reactive autoscaler needs a model-based router ('stage' or 'iconq'); "
+                                 "set ExecutionConfig.autoscaler=None to run a schedule with round-robin.")
+            a = config.autoscaler
+            trigger = SpinupTrigger(a.theta, a.tau_trigger) if self.trigger == "spinup" else QueueTrigger(self.queue_n)
+            inner = Autoscaler(a, trigger, router, make_router, mode="add", minimum_s=self.minimum_s,
+                               price_per_unit_s=self.price_per_unit_s)
+        scheduled = ScheduledSpinups(config.spinups, inner, spinup_delay_s=self.spinup_delay_s,
+                                     max_clusters=self.max_clusters)
+        clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(config.start_sizes)]
+        sim = WarehouseSimulator(self.world, clusters, router, price_per_unit_s=self.price_per_unit_s,
+                                 minimum_s=self.minimum_s, seed=seed, autoscaler=scheduled)
+        out = sim.run(list(queries))
+        return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)))
+
+
+# -- process pool: runner and workloads shipped once per worker -------------------------------------------
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(runner: Runner, workloads: Sequence[Sequence[Query]]) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per simulation; torch reads this on import
+    _WORKER["runner"], _WORKER["workloads"] = runner, workloads
+
+
+def _pool_cell(i: int, j: int, config: ExecutionConfig, seed: int) -> tuple[int, int, CellResult]:
+    return i, j, _WORKER["runner"](config, _WORKER["workloads"][j], seed)
+
+
+def _ray_cell(runner: Runner, workloads: Sequence[Sequence[Query]], i: int, j: int, config: ExecutionConfig,
+              seed: int) -> tuple[int, int, CellResult]:
+    return i, j, runner(config, workloads[j], seed)
+
+
+def simulate_batch(configs: Sequence[ExecutionConfig], workloads: Sequence[Sequence[Query]], *, runner: Runner,
+                   workers: int | None = None, ray_address: str | None = None, seed: int = 0,
+                   on_progress: Callable[[int, int], None] | None = None) -> BatchResult:
+    """SimulateBatch (§7.3): every configuration on every workload, in parallel.
+
+    Args:
+        configs: the execution configurations ``{E_i}``.
+        workloads: the workloads ``W`` (lists of :class:`~sloctl.control.router.Query`).
+        runner: picklable top-level callable ``runner(config, queries, seed) -> CellResult``.
+        workers: processes (default: all cores); 1 runs in this process.
+            Ignored with ``ray_address``.
+        ray_address: run on Ray instead: an address for ``ray.init``, or
+            ``"local"`` for a local cluster; an already initialised Ray is reused.
+        seed: base seed (see :func:`cell_seed`).
+        on_progress: called as ``on_progress(done, total)`` after each cell.
+
+    Returns:
+        The matrix ``R`` (:class:`BatchResult`).
+    """
+    import time
+
+    started = time.perf_counter()
+    total = len(configs) * len(workloads)
+    cells: list[list[CellResult | None]] = [[None] * len(workloads) for _ in configs]
+    tasks = [(i, j, config, cell_seed(seed, j)) for i, config in enumerate(configs) for j in range(len(workloads))]
+    done = 0
+
+    def store(i: int, j: int, cell: CellResult) -> None:
+        nonlocal done
+        cells[i][j] = cell
+        done += 1
+        if on_progress is not None:
+            on_progress(done, total)
+
+    if ray_address is not None:
+        backend, n_workers = "ray", 0
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=None if ray_address == "local" else ray_address, include_dashboard=False,
+                     log_to_driver=False)
+        remote = ray.remote(num_cpus=1)(_ray_cell)
+        runner_ref, workloads_ref = ray.put(runner), ray.put(list(workloads))
+        pending = [remote.remote(runner_ref, workloads_ref, *task) for task in tasks]
+        n_workers = int(ray.cluster_resources().get("CPU", 0))
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            store(*ray.get(ready[0]))
+    else:
+        n_workers = min(workers or os.cpu_count() or 1, max(total, 1))
+        if n_workers <= 1:
+            backend = "inline"
+            for i, j, config, s in tasks:
+                store(i, j, runner(config, workloads[j], s))
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            backend = "process"
+            with ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn"),
+                                     initializer=_init_worker, initargs=(runner, list(workloads))) as pool:
+                futures = [pool.submit(_pool_cell, *task) for task in tasks]
+                for future in as_completed(futures):
+                    store(*future.result())
+    return BatchResult(cells, time.perf_counter() - started, backend, max(n_workers, 1))  # type: ignore[arg-type]
+
+
+SimulateBatch = simulate_batch
