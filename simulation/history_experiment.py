@@ -1,0 +1,520 @@
+"""Table 5 of AutoSLO (§8.7) in simulation: how much workload history the Spin-up Scheduler needs.
+
+For a real Redset instance, a target day and an SLO strictness ``κ``, the
+execution configuration is tuned on ``H`` days of history (``H`` = 0, 1, 7,
+30) and then graded on what really arrived that day:
+
+* ``H = 0`` — nothing to forecast from: the reactive autoscaler alone.
+* ``H > 0`` — a :class:`~sloctl.datasets.reservoir.Reservoir` holds only the
+  ``H`` days before the target (hourly counts); the default ``decay``
+  :class:`~sloctl.datasets.forecast.Forecaster` draws training and validation
+  forecasts of the target day (with one day of history it falls back to the
+  prior day, with seven to the same weekday a week back), and
+  :func:`~sloctl.control.scheduler.schedule_spinups` adds scheduled spin-ups
+  on top of the reactive autoscaler, simulating those forecasts with
+  :func:`~sloctl.simulation.batch.simulate_batch`.
+* Grading replays the target day's real hourly counts (arrivals uniform
+  within each hour, seeded; the same draw for every ``H`` and ``κ``) in the
+  emulated warehouse. The forecasts a configuration was tuned on are never
+  used to grade it.
+
+Reactive layer. The Iconq+ autoscaler costs about 80 s per simulated day on
+this machine (its router and size selector run the LSTM per query), far too
+slow for the hundreds of simulations a tuning run needs. The reactive layer
+here is therefore cheap and model-free: a packing router (first fit: the oldest
+cluster below ``pack_n`` running queries per size unit, else the least
+loaded one), a Queue@N spin-up trigger (§8.6's baseline) that adds one
+smallest cluster when the ready clusters hold ``queue_n`` running queries
+per size unit and nothing is starting, and the §6.2.1 teardown trigger.
+Scheduled spin-ups are torn down by the same trigger once idle.
+
+Time compression. One hour of the day lasts ``hour_units`` mean isolated
+latencies (of the calibrated world's templates on size 1). Counts are
+scaled per instance so that the 95th percentile of the hourly counts in the
+30 days before the instance's earliest target day offers ``peak_load`` times
+what one size-1 cluster serves; a day then holds roughly 1–3 k queries.
+Spin-up delay, billing minimum and the teardown timers are in the same unit.
+Costs are reported in size-1 cluster-hours of the compressed day.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sloctl.control.autoscaler import AutoscalerConfig, ClusterView, ScalingAction, should_tear_down
+from sloctl.control.router import ClusterState, Query, RouteDecision
+from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, schedule_spinups
+from sloctl.simulation.batch import CellResult, timeline_of
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sloctl.simulation.emulator import WarehouseEmulator
+
+__all__ = [
+    "HistoryExperimentConfig",
+    "HistoryRunner",
+    "history_experiment",
+    "pick_instances",
+    "pick_target_days",
+    "run_table5",
+]
+
+DEFAULT_LOG = Path(__file__).resolve().parents[1] / "reports" / "bench_latency_log.parquet"
+
+
+@dataclass(frozen=True)
+class HistoryExperimentConfig:
+    """The Table 5 grid and its scaling.
+
+    Attributes:
+        histories_days: ``H`` values; 0 means the reactive autoscaler alone.
+        kappas: SLO multipliers (SLO = ``κ ×`` the template's largest isolated
+            latency on size 1).
+        n_target_days: target days per instance (:func:`pick_target_days`).
+        hour_units: one hour of the day, in mean isolated latencies.
+        peak_load: offered load of the reference hour (95th percentile of the
+            history's hourly counts) on one size-1 cluster.
+        n_train, n_validation: forecast workloads per split.
+        sizes: ``S``, sizes a scheduled spin-up may have.
+        tau_target: ``τ`` of BestWithTarget.
+        eta, phi: ``η`` rounds and ``φ`` attempts per round.
+        sigma_min_hours, merge_gap_hours: spacing of spin-ups and merging of
+            congestion epochs, in hours of the day.
+        spinup_delay_units, minimum_units, t_idle_units, t_min_lifetime_units:
+            spin-up delay, billing minimum and teardown timers, in mean
+            isolated latencies.
+        queue_n: running queries per size unit of the ready clusters that
+            fire the Queue@N spin-up trigger.
+        pack_n: running queries per size unit below which the packing router
+            still sends work to an older cluster.
+        max_clusters: pool limit.
+        policy: forecasting policy.
+        grading_draws: placements of the actual day's arrivals within their
+            hours; VR and cost are their means.
+    """
+
+    histories_days: tuple[int, ...] = (0, 1, 7, 30)
+    kappas: tuple[float, ...] = (2.0, 4.0)
+    n_target_days: int = 2
+    hour_units: float = 100.0
+    peak_load: float = 1.5
+    n_train: int = 5
+    n_validation: int = 3
+    sizes: tuple[int, ...] = (1, 2)
+    tau_target: float = 0.05
+    eta: int = 3
+    phi: int = 3
+    sigma_min_hours: float = 0.5
+    merge_gap_hours: float = 0.25
+    spinup_delay_units: float = 10.0
+    minimum_units: float = 5.0
+    t_idle_units: float = 10.0
+    t_min_lifetime_units: float = 25.0
+    queue_n: int = 4
+    pack_n: int = 2
+    max_clusters: int = 4
+    policy: str = "decay"
+    grading_draws: int = 3
+
+    def quick(self) -> HistoryExperimentConfig:
+        """A small variant for tests and smoke runs."""
+        return dataclasses.replace(self, n_train=2, n_validation=1, eta=1, phi=2, hour_units=20.0)
+
+
+# -- the reactive layer --------------------------------------------------------------------------------------
+
+class PackingRouter:
+    """First fit: the oldest cluster below ``pack_n`` running queries per size unit, else the least loaded.
+
+    Packing leaves extra clusters idle once a peak passes, so the teardown
+    trigger can retire them (round-robin would keep every cluster busy).
+    """
+
+    name = "packing"
+
+    def __init__(self, pack_n: int = 1) -> None:
+        self.pack_n = pack_n
+        self._on: dict[int, str] = {}
+        self._running: dict[str, int] = {}
+
+    def route(self, query: Query, clusters: list[ClusterState], now_s: float) -> RouteDecision:
+        if not clusters:
+            raise ValueError("No active cluster to route to.")
+        load = {c.cluster_id: self._running.get(c.cluster_id, 0) / c.size for c in clusters}
+        free = [c for c in clusters if load[c.cluster_id] < self.pack_n]
+        chosen = free[0] if free else min(clusters, key=lambda c: load[c.cluster_id])
+        self._on[query.query_id] = chosen.cluster_id
+        self._running[chosen.cluster_id] = self._running.get(chosen.cluster_id, 0) + 1
+        return RouteDecision(chosen.cluster_id, float("nan"), {})
+
+    def on_complete(self, query_id: int, now_s: float) -> None:
+        cid = self._on.pop(query_id, None)
+        if cid is not None:
+            self._running[cid] -= 1
+
+
+class QueueScaler:
+    """Queue@N spin-ups of the smallest size plus the §6.2.1 teardown; no latency model."""
+
+    def __init__(self, config: AutoscalerConfig, queue_n: int) -> None:
+        self.config = config
+        self.queue_n = queue_n
+
+    def on_completion(self, query: Query, end_s: float) -> None:
+        return None
+
+    def force(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
+        return []
+
+    def on_arrival(self, query: Query, clusters: list[ClusterView]) -> list[ScalingAction]:
+        now = query.arrival_s
+        ready = [c for c in clusters if c.ready]
+        actions: list[ScalingAction] = []
+        for c in ready:
+            if len(ready) - len(actions) <= 1:
+                break
+            if should_tear_down(running=c.running, last_routed_s=c.last_routed_s, spun_up_s=c.spun_up_s, now_s=now,
+                                t_idle_s=self.config.t_idle_s, t_min_lifetime_s=self.config.t_min_lifetime_s):
+                actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id))
+        starting = len(ready) < len(clusters)
+        capacity = sum(c.size for c in ready)
+        if (not starting and len(clusters) - len(actions) < self.config.max_clusters
+                and sum(c.running for c in ready) >= self.queue_n * capacity):
+            actions.append(ScalingAction("spin_up", size=min(self.config.candidate_sizes)))
+        return actions
+
+
+@dataclass(eq=False)
+class HistoryRunner:
+    """A SimulateBatch runner: packing router, Queue@N autoscaler and the configuration's schedule.
+
+    ``config.autoscaler`` ``None`` runs the schedule alone (no reactive scaling).
+    """
+
+    world: WarehouseEmulator
+    minimum_s: float
+    queue_n: int = 4
+    pack_n: int = 1
+    spinup_delay_s: float = 300.0
+    max_clusters: int = 4
+
+    def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
+        from sloctl.simulation.engine import WarehouseSimulator
+
+        inner = QueueScaler(config.autoscaler, self.queue_n) if config.autoscaler is not None else None
+        scheduled = ScheduledSpinups(config.spinups, inner, spinup_delay_s=self.spinup_delay_s,
+                                     max_clusters=self.max_clusters)
+        clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(config.start_sizes)]
+        sim = WarehouseSimulator(self.world, clusters, PackingRouter(self.pack_n), minimum_s=self.minimum_s,
+                                 seed=seed, autoscaler=scheduled)
+        out = sim.run(list(queries))
+        return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)))
+
+
+# -- instances, days and workloads ---------------------------------------------------------------------------
+
+def _hourly_frame(source: str | Path | pd.DataFrame) -> pd.DataFrame:
+    import pandas as pd
+
+    frame = source if isinstance(source, pd.DataFrame) else pd.read_parquet(source)
+    for column in ("instance_id", "timestamp", "query_count"):
+        if column not in frame.columns:
+            raise ValueError(f"The 'hourly' parameter must have a '{column}' column, got {list(frame.columns)}.")
+    return frame.assign(ts=pd.to_datetime(frame["timestamp"]).dt.floor("h"))
+
+
+def _day_matrix(rows: pd.DataFrame) -> tuple[dt.date, np.ndarray]:
+    """(first date, counts of shape (days, 24)); missing hours are 0."""
+    day0 = rows["ts"].min().normalize()
+    days = (rows["ts"].max().normalize() - day0).days + 1
+    out = np.zeros(days * 24)
+    hours = ((rows["ts"] - day0).dt.total_seconds() // 3600).to_numpy(dtype=int)
+    np.add.at(out, hours, rows["query_count"].to_numpy(dtype=float))
+    return day0.date(), out.reshape(days, 24)
+
+
+def pick_target_days(rows: pd.DataFrame, n: int = 2, min_history_days: int = 31) -> list[str]:
+    """Target days of one instance: complete weekdays with queries and ``min_history_days`` before them.
+
+    The first is the latest such day; each further one is the latest at least
+    28 days before the previous (so that, as in the paper, the recent
+    histories barely overlap), or else the latest earlier one.
+    """
+    day0, matrix = _day_matrix(rows)
+    eligible = [day0 + dt.timedelta(days=d) for d in range(min_history_days, len(matrix) - 1)  # last day: partial
+                if matrix[d].sum() > 0 and matrix[d - 1].sum() > 0
+                and (day0 + dt.timedelta(days=d)).weekday() < 5]
+    picked: list[dt.date] = []
+    for _ in range(n):
+        if not eligible:
+            break
+        far = [d for d in eligible if picked and d <= picked[-1] - dt.timedelta(days=28)]
+        day = max(far) if far else max(eligible)
+        picked.append(day)
+        eligible = [d for d in eligible if d < day]
+    return [d.isoformat() for d in picked]
+
+
+def pick_instances(hourly: str | Path | pd.DataFrame, n: int = 3, min_history_days: int = 31,
+                   n_target_days: int = 2) -> list[int]:
+    """The ``n`` instances with the most non-empty hours among those with enough history for every target day."""
+    frame = _hourly_frame(hourly)
+    scored = []
+    for instance, rows in frame.groupby("instance_id", sort=True):
+        if len(pick_target_days(rows, n_target_days, min_history_days)) == n_target_days:
+            scored.append((-int((rows["query_count"] > 0).sum()), int(instance)))
+    return [i for _, i in sorted(scored)[:n]]
+
+
+def _stochastic_round(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return (np.floor(x) + (rng.random(len(x)) < x - np.floor(x))).astype(int)
+
+
+def _compress(pairs: Sequence[tuple[float, Any]], scale: float, hour_s: float, templates: Sequence[str],
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival_s, template index) of a scaled, compressed day from (second of the day, _) pairs.
+
+    Hour ``h`` keeps a stochastically rounded ``scale ×`` its count: a random
+    subset of its offsets, topped up with uniform ones when ``scale > 1``.
+    Templates are drawn uniformly from the world's (the contour has none).
+    """
+    seconds = np.sort(np.asarray([p[0] for p in pairs], dtype=float))
+    hours = np.minimum((seconds // 3600).astype(int), 23)
+    per_hour = np.bincount(hours, minlength=24)
+    keep = _stochastic_round(per_hour * scale, rng)
+    out = []
+    for h in range(24):
+        mine = seconds[hours == h] - 3600.0 * h
+        if keep[h] <= len(mine):
+            chosen = rng.choice(mine, size=keep[h], replace=False)
+        else:
+            chosen = np.concatenate([mine, rng.uniform(0.0, 3600.0, keep[h] - len(mine))])
+        out.append((h + np.sort(chosen) / 3600.0) * hour_s)
+    arrival = np.concatenate(out) if out else np.zeros(0)
+    return arrival, rng.integers(0, len(templates), size=len(arrival))
+
+
+def _actual_pairs(counts: np.ndarray, rng: np.random.Generator) -> list[tuple[float, str]]:
+    """The real day: each hour's count, arrivals uniform within the hour."""
+    return [(h * 3600.0 + s, "all") for h, c in enumerate(counts.astype(int))
+            for s in rng.uniform(0.0, 3600.0, c)]
+
+
+def _queries(day: tuple[np.ndarray, np.ndarray], templates: Sequence[str], slo_ref: dict[str, float],
+             kappa: float) -> list[Query]:
+    arrival, which = day
+    return [Query(i, templates[k], float(a), kappa * slo_ref[templates[k]])
+            for i, (a, k) in enumerate(zip(arrival, which, strict=True))]
+
+
+def _fingerprint(day: tuple[np.ndarray, np.ndarray]) -> str:
+    return hashlib.sha1(np.round(day[0], 9).tobytes() + day[1].astype(np.int64).tobytes()).hexdigest()[:16]
+
+
+# -- one cell of the table -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Cell:
+    instance: int
+    day: str
+    kappa: float
+    history_days: int
+    seed: int
+
+
+def _run_cell(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, slo_ref: dict[str, float],
+              templates: list[str], mean_iso: float, scale: float, cfg: HistoryExperimentConfig) -> dict[str, Any]:
+    """Tune on ``H`` days of forecasts (``H > 0``), then grade on the actual day."""
+    import pandas as pd
+
+    from sloctl.datasets.forecast import Forecaster
+    from sloctl.datasets.reservoir import Reservoir
+    from sloctl.simulation.batch import cell_seed, simulate_batch
+
+    started = time.perf_counter()
+    hour_s = cfg.hour_units * mean_iso
+    target = dt.date.fromisoformat(cell.day)
+    day0, matrix = _day_matrix(rows)
+    t = (target - day0).days
+    day_seed = [cell.seed, cell.instance, target.toordinal()]
+    actuals = [_compress(_actual_pairs(matrix[t], np.random.default_rng([*day_seed, 0, d])), scale, hour_s,
+                         templates, np.random.default_rng([*day_seed, 1, d])) for d in range(cfg.grading_draws)]
+    autoscaler = AutoscalerConfig(
+        t_idle_s=cfg.t_idle_units * mean_iso, t_min_lifetime_s=cfg.t_min_lifetime_units * mean_iso,
+        candidate_sizes=(min(cfg.sizes),), spinup_delay_s=cfg.spinup_delay_units * mean_iso,
+        max_clusters=cfg.max_clusters)
+    runner = HistoryRunner(world, cfg.minimum_units * mean_iso, cfg.queue_n, cfg.pack_n,
+                           autoscaler.spinup_delay_s, cfg.max_clusters)
+    base = ExecutionConfig(autoscaler=autoscaler)
+    row: dict[str, Any] = {"instance": cell.instance, "day": cell.day, "kappa": cell.kappa,
+                           "history_days": cell.history_days,
+                           "actual_queries": float(np.mean([len(a[0]) for a in actuals])),
+                           "actual_fingerprints": [_fingerprint(a) for a in actuals]}
+    chosen = base
+    if cell.history_days > 0:
+        forecasts = []
+        with tempfile.TemporaryDirectory() as folder:
+            reservoir = Reservoir(Path(folder) / "reservoir.sqlite", seed=cell.seed)
+            lo = t - cell.history_days
+            history = [{"timestamp": dt.datetime.combine(day0 + dt.timedelta(days=d), dt.time(h)),
+                        "query_count": int(matrix[d, h])} for d in range(max(lo, 0), t) for h in range(24)]
+            reservoir.add_hourly_counts(pd.DataFrame(history))
+            forecaster = Forecaster(reservoir, cfg.policy, seed=cell.seed)
+            for j in range(cfg.n_train + cfg.n_validation):
+                pairs = forecaster.workload(target, seed=cell.seed * 1000 + j)
+                forecasts.append(_compress(pairs, scale, hour_s, templates,
+                                           np.random.default_rng([*day_seed, 100 + j])))
+        workloads = [_queries(f, templates, slo_ref, cell.kappa) for f in forecasts]
+        evaluate = partial(simulate_batch, runner=runner, workers=1, seed=cell_seed(cell.seed, 7))
+        result = schedule_spinups(
+            [base], evaluate=evaluate, train=workloads[:cfg.n_train], validation=workloads[cfg.n_train:],
+            sizes=cfg.sizes, tau_target=cfg.tau_target, delta_s=autoscaler.spinup_delay_s, eta=cfg.eta,
+            phi=cfg.phi, sigma_min_s=cfg.sigma_min_hours * hour_s, merge_gap_s=cfg.merge_gap_hours * hour_s)
+        chosen = result.best
+        forecast_hourly = np.mean([np.bincount(np.minimum((f[0] // hour_s).astype(int), 23), minlength=24)
+                                   for f in forecasts], axis=0)
+        actual_hourly = np.bincount(np.minimum((actuals[0][0] // hour_s).astype(int), 23), minlength=24)
+        row.update({
+            "forecast_queries": float(np.mean([len(f[0]) for f in forecasts])),
+            "forecast_wape": float(np.abs(forecast_hourly - actual_hourly).sum() / max(actual_hourly.sum(), 1)),
+            "forecast_fingerprints": [_fingerprint(f) for f in forecasts],
+            "validation_vr": result.best_validation[0], "simulations": result.simulations})
+    graded = [runner(chosen, _queries(a, templates, slo_ref, cell.kappa), cell_seed(cell.seed, 9 + d))
+              for d, a in enumerate(actuals)]
+    row.update({"vr": float(np.mean([g.vr for g in graded])),
+                "cost": float(np.mean([g.cost for g in graded])) / hour_s,
+                "spinups": [[s.time_s / hour_s, s.size] for s in chosen.spinups],
+                "wall_s": time.perf_counter() - started})
+    return row
+
+
+# -- the experiment ------------------------------------------------------------------------------------------
+
+def _scale(rows: pd.DataFrame, first_target: str, cfg: HistoryExperimentConfig) -> float:
+    """Count scale of an instance, from the 30 days before its earliest target day only."""
+    day0, matrix = _day_matrix(rows)
+    t = (dt.date.fromisoformat(first_target) - day0).days
+    ref = float(np.percentile(matrix[max(t - 30, 0):t], 95))
+    return cfg.peak_load * cfg.hour_units / max(ref, 1.0)
+
+
+def _summary(rows: list[dict[str, Any]], histories: Sequence[int]) -> dict[str, Any]:
+    from sloctl.simulation.experiments import mean_delta
+
+    by_key: dict[tuple, dict[str, dict[str, float]]] = {}
+    for r in rows:
+        by_key.setdefault((r["instance"], r["day"], r["kappa"]), {})[f"H={r['history_days']}"] = {
+            "vr": r["vr"], "cost": r["cost"]}
+    complete = [v for v in by_key.values() if len(v) == len(histories)]
+    if not complete or 0 not in histories:
+        return {}
+    delta = mean_delta(complete, "H=0")
+    means = {h: {m: float(np.mean([v[f"H={h}"][m] for v in complete])) for m in ("vr", "cost")}
+             for h in histories}
+    return {"mean_delta_vs_H0": delta, "mean": {f"H={h}": m for h, m in means.items()},
+            "scenarios": len(complete)}
+
+
+def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
+                       instances: Sequence[int] | None = None, n_instances: int = 3,
+                       config: HistoryExperimentConfig | None = None, workers: int | None = None,
+                       seed: int = 0, quick: bool = False) -> dict[str, Any]:
+    """Run the Table 5 grid on Redset hourly contours; returns a JSON-able dict.
+
+    Args:
+        hourly: Redset hourly layout (``instance_id``, ``timestamp``, ``query_count``).
+        log: query log the emulated world is calibrated on (docs/querylog.md).
+        instances: instance ids (``None``: :func:`pick_instances` picks ``n_instances``).
+        n_instances: how many to pick when ``instances`` is ``None``.
+        config: the grid and scaling (``quick`` shrinks it, see
+            :meth:`HistoryExperimentConfig.quick`).
+        workers: processes over table cells (default: all cores); 1 runs inline.
+        seed: seed of forecasts, actual-day arrivals and service times.
+
+    Returns:
+        ``{"rows": [one per (instance, day, κ, H)], "summary": {"mean_delta_vs_H0":
+        {"H=1": {"vr", "cost", ...}}, ...}, "instances", "days", "scale", "config", "wall_s"}``.
+        ``vr`` is the actual day's violation rate; ``cost`` is in size-1
+        cluster-hours of the compressed day.
+    """
+    from sloctl.simulation.experiments import ScalingExperimentConfig, scaling_setup
+
+    started = time.perf_counter()
+    cfg = config or HistoryExperimentConfig()
+    if quick:
+        cfg = cfg.quick()
+    min_history = max(max(cfg.histories_days), 1) + 1
+    frame = _hourly_frame(hourly)
+    if instances is None:
+        instances = pick_instances(frame, n_instances, min_history, cfg.n_target_days)
+    world, report, slo_ref, templates, mean_iso, _ = scaling_setup(
+        log, ScalingExperimentConfig(start_sizes=(1,), candidate_sizes=tuple(cfg.sizes), seed=seed))
+    cells, args, days, scales = [], {}, {}, {}
+    for instance in instances:
+        rows = frame[frame["instance_id"] == instance]
+        if rows.empty:
+            raise ValueError(f"The 'instances' parameter must name instance_id values in the frame, got {instance!r}.")
+        days[int(instance)] = pick_target_days(rows, cfg.n_target_days, min_history)
+        if not days[int(instance)]:
+            raise ValueError(f"Instance {instance} has no weekday with {min_history} days of history before it.")
+        scales[int(instance)] = _scale(rows, min(days[int(instance)]), cfg)
+        args[int(instance)] = (rows[["ts", "query_count"]].copy(), world, slo_ref, templates, mean_iso,
+                               scales[int(instance)], cfg)
+        cells += [_Cell(int(instance), day, kappa, h, seed) for day in days[int(instance)] for kappa in cfg.kappas
+                  for h in cfg.histories_days]
+    cells.sort(key=lambda c: -c.history_days)  # longest first: better packing on the pool
+    n_workers = min(workers or os.cpu_count() or 1, len(cells))
+    if n_workers <= 1:
+        rows_out = [_run_cell(c, *args[c.instance]) for c in cells]
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        with ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rows_out = list(pool.map(_run_cell, cells, *zip(*(args[c.instance] for c in cells), strict=True)))
+    rows_out.sort(key=lambda r: (r["instance"], r["day"], -r["kappa"], r["history_days"]))
+    return {
+        "rows": rows_out,
+        "summary": _summary(rows_out, cfg.histories_days),
+        "instances": [int(i) for i in instances],
+        "days": {str(k): v for k, v in days.items()},
+        "scale": {str(k): v for k, v in scales.items()},
+        "config": dataclasses.asdict(cfg),
+        "time_scale": {"mean_isolated_s": mean_iso, "hour_s": cfg.hour_units * mean_iso,
+                       "cost_unit": "size-1 cluster-hours of the compressed day"},
+        "world_alpha": {str(k): v for k, v in report.alpha.items()},
+        "workers": n_workers,
+        "wall_s": time.perf_counter() - started,
+    }
+
+
+def run_table5(hourly_path: str | Path, log_path: str | Path | None = None, *, instances: Sequence[int] | None = None,
+               seed: int = 0, quick: bool = False) -> dict[str, Any]:
+    """Table 5 from files: the Redset hourly Parquet and a query log (default: the bench log).
+
+    A full run picks 3 instances (2 target days × 2 κ × 4 histories each;
+    about 1.5 minutes on 2 cores with the bench log);
+    ``quick`` picks 1 and shrinks the tuning (:meth:`HistoryExperimentConfig.quick`).
+    """
+    from sloctl.datasets.querylog import read_log
+
+    path = Path(log_path) if log_path is not None else DEFAULT_LOG
+    if not path.is_file():
+        raise FileNotFoundError(f"The 'log_path' parameter must name a query log, got {path} (missing); "
+                                f"collect one with `sloctl collect` or pass log_path.")
+    return history_experiment(hourly_path, read_log(path), instances=instances, n_instances=1 if quick else 3,
+                              seed=seed, quick=quick)
