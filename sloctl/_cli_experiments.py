@@ -246,3 +246,32 @@ def experiment_admission_cmd(
         if isinstance(row, dict):
             typer.echo(f"utility {label:<17} drop rate {row['drop_rate']:.1%}  throughput "
                        f"{row['throughput_per_s'] / 1e3:.1f}k/s")
+
+
+@experiment_app.command("history")
+def experiment_history_cmd(
+    hourly: Path = typer.Option(..., "--hourly", help="Redset-style hourly counts (Parquet)."),
+    log: Path | None = typer.Option(None, "--log", "-l", help="Query log calibrating the emulated world "
+                                    "(default: reports/bench_latency_log.parquet)."),
+    instances: str = typer.Option("", help="Comma-separated instance ids (default: the densest with history)."),
+    seed: int = typer.Option(0),
+    quick: bool = typer.Option(False, help="One instance, smaller tuning (seconds)."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Table 5: VR and cost of scheduled spin-ups tuned on 0, 1, 7 and 30 days of history, graded on the real day."""
+    from sloctl.simulation.history_experiment import run_table5
+
+    try:
+        ids = [int(x) for x in instances.split(",") if x.strip()] or None
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated instance ids, got {instances!r}",
+                                 param_hint="--instances") from None
+    result = run_table5(hourly, log, instances=ids, seed=seed, quick=quick)
+    if as_json:
+        typer.echo(json.dumps(result, default=float))
+        return
+    for row in result["rows"]:
+        typer.echo("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
+                             if not isinstance(v, dict | list)))
+    for h, delta in result["summary"]["mean_delta_vs_H0"].items():
+        typer.echo(f"mean Δ vs no history, {h}: VR {delta['vr']:+.1%}, cost {delta['cost']:+.1%}")
