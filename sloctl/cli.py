@@ -20,6 +20,7 @@ from sloctl._cli_common import ConfigOption, echo, load_cli_config, parse_sizes,
 from sloctl._cli_experiments import experiment_app
 from sloctl._cli_forecast import forecast_app
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
+from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
 from sloctl.errors import SloctlError
 
@@ -41,6 +42,7 @@ app.add_typer(import_app, name="import")
 app.add_typer(config_app, name="config")
 app.add_typer(train_app, name="train")
 app.add_typer(evaluate_app, name="evaluate")
+tune_app.command("policy")(tune_policy_cmd)
 app.add_typer(tune_app, name="tune")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(retry_app, name="retry")
