@@ -8,6 +8,7 @@ Endpoints (all JSON; mutating ones need ``Authorization: Bearer TOKEN``):
   ``PUT`` / ``DELETE /v1/clusters/{id}`` — a cluster spun up or retired (e.g. by the autoscaler);
 * ``POST /v1/admit`` / ``POST /v1/release`` — admission decisions (credits);
 * ``GET /v1/retry-policy`` and ``GET /v1/retry-policy/envoy?service=S`` — retry budgets;
+* ``GET /v1/execution-config`` — the Policy Tuner's scheduled spin-ups and autoscaler knobs;
 * ``GET /metrics``, ``GET /healthz``, ``GET /readyz``, and ``GET /`` (status page).
 
 Bad bodies get 422 with FastAPI's JSON naming the field; refused requests a
@@ -238,6 +239,13 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
             return envoy_route_config(slot.value, service=service)
         except ValueError as exc:
             return _error(422, str(exc), "service")
+
+    @app.get("/v1/execution-config")
+    def execution_config() -> Any:
+        slot = runtime().slots["execution"]
+        if slot.value is None:
+            return _error(404, f"no execution configuration registered at {slot.uri} (run `sloctl tune policy`)")
+        return {**slot.value, "source": f"{slot.uri} v{slot.version}"}
 
     @app.get("/metrics")
     def prometheus() -> Response:

@@ -133,7 +133,8 @@ class Runtime:
         self.wall0 = time.time()
         self.slots = {name: ModelSlot(uri, registry.tracking_uri, kind) for name, uri, kind in (
             ("iconq", serve.model_uri, "latency"), ("stage", serve.fallback_uri, "latency"),
-            ("admission", serve.admission_uri, "policy"), ("retry", serve.retry_uri, "policy"))}
+            ("admission", serve.admission_uri, "policy"), ("retry", serve.retry_uri, "policy"),
+            ("execution", serve.execution_uri, "policy"))}
         router = self.cfg.router
         self.clusters = {f"c{i}": ClusterState(f"c{i}", size, BillingTimer(router.minimum_s), router.price_per_unit_s)
                          for i, size in enumerate(serve.cluster_sizes)}

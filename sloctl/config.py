@@ -207,7 +207,8 @@ class ServeSection:
             features (needed by Iconq+ and Stage; without it the runtime
             routes round-robin).
         model_uri, fallback_uri: latency models by alias (Iconq+, then Stage).
-        admission_uri, retry_uri: policies by alias.
+        admission_uri, retry_uri, execution_uri: policies by alias (the last
+            is the Policy Tuner's scheduled spin-ups and autoscaler knobs).
         watch_interval_s: how often the aliases are polled for a new version.
         state_db: SQLite file for accrued cost and running queries.
         max_in_flight: the runtime's own admission credits (self-protection).
@@ -222,6 +223,7 @@ class ServeSection:
     fallback_uri: str = "models:/stage@champion"
     admission_uri: str = "models:/admission-policy@champion"
     retry_uri: str = "models:/retry-policy@champion"
+    execution_uri: str = "models:/execution-config@champion"
     watch_interval_s: float = 10.0
     state_db: str = "sloctl_state.db"
     max_in_flight: int = 256

@@ -123,6 +123,16 @@ def test_retry_policy_is_served_as_json_and_as_envoy_routes(tmp_path):
         envoy = client.get("/v1/retry-policy/envoy", params={"service": "backend"})
         assert envoy.status_code == 200
         assert client.get("/v1/retry-policy/envoy", params={"service": "nope"}).status_code == 422
+        assert client.get("/v1/execution-config").status_code == 404
+    # The Policy Tuner's execution configuration is served by alias too.
+    from sloctl.training.registry import register_policy
+
+    doc = {"kind": "execution-config", "spinups": [{"time_s": 3.0, "size": 2}], "knobs": {"start_clusters": 2}}
+    register_policy(doc, name="execution-config", tracking_uri=uri, experiment="t", data_hash="x", params={},
+                    metrics={"validation_vr": 0.1})
+    with LocalServer(create_app(_cfg(uri, str(tmp_path / "state.db")), token=TOKEN)) as client:
+        served = client.get("/v1/execution-config").json()
+        assert served["spinups"] == doc["spinups"] and served["source"].endswith("v1")
 
 
 def load_templates_table_from(log):
