@@ -275,3 +275,33 @@ def experiment_history_cmd(
                              if not isinstance(v, dict | list)))
     for h, delta in result["summary"]["mean_delta_vs_H0"].items():
         typer.echo(f"mean Δ vs no history, {h}: VR {delta['vr']:+.1%}, cost {delta['cost']:+.1%}")
+
+
+@experiment_app.command("retry-live")
+def experiment_retry_live_cmd(
+    network: Path = typer.Option(Path("configs/networks/hotel.yaml"), "--network", "-n",
+                                 help="Network file (its services become loopback servers behind Envoy sidecars)."),
+    loads: str = typer.Option("0.5,1,1.5,2", help="Total offered loads at the bottleneck (low class swept)."),
+    duration_s: float = typer.Option(25.0, help="Measured seconds per point (after the warm-up)."),
+    seed: int = typer.Option(0),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """DiffTry live: measured per-class rejection through real Envoy sidecars, k=(5,1) vs (5,5), beside the analysis."""
+    from sloctl.simulation.retry_testbed import retry_live_experiment
+
+    try:
+        rhos = tuple(float(x) for x in loads.split(",") if x.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated loads like 0.5,1,2; got {loads!r}",
+                                 param_hint="--loads") from None
+    if not rhos or any(not 0 < r <= 5 for r in rhos):
+        raise typer.BadParameter(f"loads must be in (0, 5]; got {loads!r}", param_hint="--loads")
+    result = retry_live_experiment(network, loads=rhos, duration_s=duration_s, seed=seed)
+    if as_json:
+        typer.echo(json.dumps(result, default=float))
+        return
+    for p in result["points"]:
+        k = ",".join(f"{c}={v}" for c, v in p["k"].items())
+        typer.echo(f"ρ {p['offered_rho']:.2f} k=({k})  measured " + "  ".join(
+            f"{c} {p['measured'][c]:.3f}" for c in p["measured"]) + "  analysis " + "  ".join(
+            f"{c} {p['analysis'][c]:.3f}" for c in p["analysis"]))
