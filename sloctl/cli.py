@@ -22,6 +22,7 @@ from sloctl._cli_forecast import forecast_app
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
+from sloctl._cli_sidecar import sidecar_app
 from sloctl.errors import SloctlError
 
 app = typer.Typer(
@@ -46,6 +47,7 @@ tune_app.command("policy")(tune_policy_cmd)
 app.add_typer(tune_app, name="tune")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(retry_app, name="retry")
+app.add_typer(sidecar_app, name="sidecar")
 app.add_typer(forecast_app, name="forecast")
 app.command("predict")(predict_cmd)
 

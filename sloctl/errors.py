@@ -34,3 +34,12 @@ class WorkloadError(SloctlError, ValueError):
 
 class ClusterPoolError(SloctlError, RuntimeError):
     """A cluster pool refused a request (too many cores, unknown cluster, ...)."""
+
+
+class SyncError(SloctlError, RuntimeError):
+    """A sidecar sync could not reach ``sloctl serve``, or it refused (``status``: its HTTP status, or None)."""
+
+    def __init__(self, message: str, *, url: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+        self.status = status
