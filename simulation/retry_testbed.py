@@ -11,10 +11,15 @@ attempts made at every service.
 
 How the servers model the analysis (docs/retry.md, §IV and §VI):
 
-* one server per service (``asyncio.Lock``), exponential service times of mean
-  1/μ (``asyncio.sleep``), a buffer of m attempts counting the one in service;
-  an attempt that finds m present is answered 503 at once (a rejection, which
-  the caller's sidecar retries);
+* one FIFO server per service with exponential service times of mean 1/μ and a
+  buffer of m attempts counting the one in service; an attempt that finds m
+  present is answered 503 at once (a rejection, which the caller's sidecar
+  retries). The server runs in virtual time: on arrival an attempt's departure
+  is fixed at ``max(now, previous departure) + S`` and the handler sleeps
+  until then, so event-loop lag on a busy machine delays answers but never
+  stretches the service of the attempts queued behind (with a lock and a
+  sleep per attempt, every wake-up's lag was added to the service time and
+  pushed the real ρ above the offered one);
 * an attempt holds its buffer slot only for its own queueing and service: the
   slot is released when the local service ends, *before* the downstream calls,
   as in the analysis, where a service's load is its own attempts only;
@@ -34,6 +39,7 @@ the analysis is solved for the *same* scaled spec.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import math
@@ -124,23 +130,26 @@ async def _serve(config: Mapping[str, Any]) -> None:
 
     def handler(name: str):
         mu, m = services[name]["mu"], services[name]["buffer"]
-        server = asyncio.Lock()
-        present = 0
+        departures: collections.deque[float] = collections.deque()  # of the attempts present, FIFO
+        last_departure = 0.0
+        loop = asyncio.get_running_loop()
 
         async def handle(request: web.Request) -> web.Response:
-            nonlocal present
+            nonlocal last_departure
             klass = request.headers.get(_HEADER, classes[0])
             row = stats[name].setdefault(klass, {"attempts": 0, "rejected": 0, "served": 0, "failed_downstream": 0})
             row["attempts"] += 1
-            if present >= m:
+            now = loop.time()
+            while departures and departures[0] <= now:
+                departures.popleft()  # the slot is free once the local service ends (the analysis's semantics)
+            if len(departures) >= m:
                 row["rejected"] += 1
                 return web.Response(status=503)
-            present += 1
-            try:
-                async with server:
-                    await asyncio.sleep(rng.expovariate(mu))
-            finally:
-                present -= 1  # the slot is free once the local service ends (the analysis's semantics)
+            # FIFO single server kept in virtual time: the departure is fixed on arrival, so a late
+            # wake-up of this coroutine delays its answer but never the service of the attempts behind it.
+            last_departure = max(now, last_departure) + rng.expovariate(mu)
+            departures.append(last_departure)
+            await asyncio.sleep(last_departure - now)
             row["served"] += 1
             callees = draws(klass, name)
             if callees:
@@ -203,7 +212,10 @@ class RetryTestbed:
         seed: seeds the service times and routing draws.
         base_interval_s, max_interval_s: Envoy's jittered back-off between retries. The
             analysis assumes a retry meets an independent state of the buffer, so these
-            should be long against the service times 1/μ.
+            should be long against the service times 1/μ *and* against a busy period near
+            ρ = 1 (seconds here): with 0.2 s / 1 s the low class's rejection at ρ = 1 under
+            k = (5, 1) was 0.099 against the analysis's 0.043. Longer back-offs need a
+            longer warm-up and tail in :meth:`run_load`.
         per_try_timeout_s: Envoy's per-attempt timeout; it covers the callee's
             downstream calls too, so it is generous.
         startup_timeout_s: how long to wait for every process to be ready.
@@ -214,7 +226,7 @@ class RetryTestbed:
     """
 
     def __init__(self, spec: NetworkSpec, k: Mapping[str, int | Mapping[str, int]], *, seed: int = 0,
-                 base_interval_s: float = 0.2, max_interval_s: float = 1.0, per_try_timeout_s: float = 60.0,
+                 base_interval_s: float = 1.0, max_interval_s: float = 5.0, per_try_timeout_s: float = 60.0,
                  startup_timeout_s: float = 30.0) -> None:
         self.spec = spec
         self.k = k
@@ -332,23 +344,31 @@ class RetryTestbed:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.load(resp)
 
-    def run_load(self, arrivals: Mapping[str, Mapping[str, float]], *, duration_s: float, warmup_s: float = 5.0,
-                 drain_s: float = 20.0, seed: int = 0, max_in_flight: int = 5000) -> dict[str, Any]:
+    def run_load(self, arrivals: Mapping[str, Mapping[str, float]], *, duration_s: float, warmup_s: float = 10.0,
+                 tail_s: float = 10.0, drain_s: float = 60.0, seed: int = 0,
+                 max_in_flight: int = 5000) -> dict[str, Any]:
         """Open-loop Poisson load, ``arrivals[class][service]`` originals per second, and what it met.
 
         Requests sent during ``warmup_s`` are not counted; those sent in the
-        following ``duration_s`` are, and the run then waits up to ``drain_s``
-        for them (one still open then counts as rejected). Attempts at the
-        services are counted from the end of the warm-up to the end of the drain.
+        following ``duration_s`` are. Load goes on, uncounted, for ``tail_s``
+        more, so that the retries of the last counted requests meet the same
+        load as the others rather than a draining network (with back-offs of
+        seconds, a run that simply stopped sending under-counted rejection:
+        0.198 against 0.555 at ρ = 2 under k = (5, 5)); warm-up and tail should
+        both exceed a request's retry horizon. The run then waits up to
+        ``drain_s`` for the counted requests (one still open then counts as
+        rejected). Attempts at the services are counted over the measured
+        window only, a steady-state rate set against the requests sent in it.
 
         Returns:
             ``{"classes": {C: {"requests", "successes", "end_to_end_rejection", "latency_s":
             {"p50", "p95", "p99"}, "attempts", "calls_per_request", "calls_per_success"}},
             "services": {S: {C: {"attempts", "rejected", "served", "failed_downstream"}}}, "wall_s"}``
         """
-        return asyncio.run(self._run_load(arrivals, duration_s, warmup_s, drain_s, seed, max_in_flight))
+        return asyncio.run(self._run_load(arrivals, duration_s, warmup_s, tail_s, drain_s, seed, max_in_flight))
 
-    async def _run_load(self, arrivals, duration_s, warmup_s, drain_s, seed, max_in_flight) -> dict[str, Any]:
+    async def _run_load(self, arrivals, duration_s, warmup_s, tail_s, drain_s, seed, max_in_flight
+                        ) -> dict[str, Any]:
         from aiohttp import ClientSession, ClientTimeout, TCPConnector
 
         rng = random.Random(seed)
@@ -357,7 +377,10 @@ class RetryTestbed:
         dropped = {c: 0 for c in self.spec.classes}
         t0 = time.monotonic()
         t_measure, t_end = t0 + warmup_s, t0 + warmup_s + duration_s
+        t_stop = t_end + tail_s
         reset_done = False
+        window_stats = None
+        counted_tasks: set[asyncio.Task] = set()
 
         async with ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=None)) as session:
             async def one(klass: str, service: str, counted: bool) -> None:
@@ -375,12 +398,14 @@ class RetryTestbed:
             # One merged Poisson stream: next arrival after Exp(total), class/service drawn by rate.
             streams = [(c, s, r) for c, row in arrivals.items() for s, r in row.items() if r > 0]
             total = sum(r for _, _, r in streams)
-            next_t = t0 + rng.expovariate(total) if total > 0 else t_end
-            while next_t < t_end:
+            next_t = t0 + rng.expovariate(total) if total > 0 else t_stop
+            while next_t < t_stop:
                 now = time.monotonic()
                 if now >= t_measure and not reset_done:
                     await asyncio.to_thread(self._control, "/reset", "POST")
                     reset_done = True
+                if now >= t_end and window_stats is None:
+                    window_stats = await asyncio.to_thread(self._control, "/stats")
                 if next_t > now:
                     await asyncio.sleep(next_t - now)
                 u, acc = rng.random() * total, 0.0
@@ -390,7 +415,7 @@ class RetryTestbed:
                     if u < acc:
                         klass, service = c, s
                         break
-                counted = next_t >= t_measure
+                counted = t_measure <= next_t < t_end
                 if len(in_flight) >= max_in_flight:
                     if counted:
                         dropped[klass] += 1  # the generator's bound: counted as rejected
@@ -398,17 +423,23 @@ class RetryTestbed:
                     task = asyncio.create_task(one(klass, service, counted))
                     in_flight.add(task)
                     task.add_done_callback(in_flight.discard)
+                    if counted:
+                        counted_tasks.add(task)
                 next_t += rng.expovariate(total)
             if not reset_done:
                 await asyncio.to_thread(self._control, "/reset", "POST")
-            if in_flight:
-                _, pending = await asyncio.wait(set(in_flight), timeout=drain_s)
-                for task in pending:
-                    task.cancel()
+            if window_stats is None:
+                window_stats = await asyncio.to_thread(self._control, "/stats")
+            open_counted = {t for t in counted_tasks if not t.done()}
+            unfinished = 0
+            if open_counted:
+                _, pending = await asyncio.wait(open_counted, timeout=drain_s)
                 unfinished = len(pending)
-            else:
-                unfinished = 0
-        stats = await asyncio.to_thread(self._control, "/stats")
+            for task in list(in_flight):
+                task.cancel()
+            if in_flight:
+                await asyncio.wait(set(in_flight), timeout=5)
+        stats = window_stats
         wall_s = time.monotonic() - t0
 
         classes: dict[str, Any] = {}
@@ -437,7 +468,7 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
 # -- the experiment ---------------------------------------------------------------------
 def retry_live_experiment(network_path: str | Path, *, loads: Sequence[float] = (0.5, 1.0, 1.5, 2.0),
                           budgets: Sequence[Mapping[str, int]] = ({"high": 5, "low": 1}, {"high": 5, "low": 5}),
-                          duration_s: float = 25.0, warmup_s: float = 5.0, seed: int = 0,
+                          duration_s: float = 25.0, warmup_s: float = 15.0, tail_s: float = 15.0, seed: int = 0,
                           capacity_scale: float = 0.2, buffer: int | None = 12, fixed: Sequence[str] = ("high",),
                           model: str = "mm1m", **testbed_options: Any) -> dict[str, Any]:
     """DiffTry's load sweep run live: measured per-class rejection behind Envoy vs the analysis.
@@ -462,7 +493,8 @@ def retry_live_experiment(network_path: str | Path, *, loads: Sequence[float] = 
             for i, rho in enumerate(loads):
                 net = sweep_spec(base, rho, fixed).with_retries(dict(k))
                 analysis = solve_network(net, model=model).to_json()
-                run = bed.run_load(net.arrivals, duration_s=duration_s, warmup_s=warmup_s, seed=seed + i)
+                run = bed.run_load(net.arrivals, duration_s=duration_s, warmup_s=warmup_s, tail_s=tail_s,
+                                   seed=seed + i)
                 measured = {c: v["end_to_end_rejection"] for c, v in run["classes"].items()}
                 expected = {c: v["end_to_end_rejection"] for c, v in analysis["classes"].items()}
                 points.append({

