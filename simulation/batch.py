@@ -154,7 +154,7 @@ class WarehouseRunner:
     spinup_delay_s: float = 300.0
     max_clusters: int = 4
     slo_margin: float = 0.3
-    cost_tolerance: float = 1.0
+    cost_tolerance: float = 3.0
 
     def _router(self) -> tuple[Any, Callable[[Any], Any]]:
         from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter

@@ -34,7 +34,7 @@ SHARED_HOURLY = Path(__file__).resolve().parents[2] / "shared" / "data" / "redse
 
 def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int = 24, hour_units: float = 40.0,
                   peak_load: float = 1.6, kappa: float = 3.0, seed: int = 0, contour_file: str | None = None,
-                  slo_margin: float = 0.3, cost_tolerance: float = 1.0) -> dict[str, Any]:
+                  slo_margin: float = 0.3, cost_tolerance: float = 3.0) -> dict[str, Any]:
     """Run the day; returns totals and per-hour VR / cumulative cost per approach."""
     from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
     from sloctl.datasets.tpc import Template

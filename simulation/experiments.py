@@ -61,7 +61,7 @@ class RouterExperimentConfig:
     minimum_s: float = 5.0
     seed: int = 0
     slo_margin: float = 0.3
-    cost_tolerance: float = 1.0
+    cost_tolerance: float = 3.0
 
 
 def slo_baselines(log: pd.DataFrame, size: int) -> dict[str, float]:
@@ -212,7 +212,7 @@ class ScalingExperimentConfig:
     candidate_sizes: tuple[int, ...] = (1, 2)
     seed: int = 0
     slo_margin: float = 0.3
-    cost_tolerance: float = 1.0
+    cost_tolerance: float = 3.0
 
 
 def autoscaler_config(cfg: ScalingExperimentConfig, mean_iso: float, *, candidate_sizes: tuple[int, ...] | None = None,

@@ -27,10 +27,13 @@ def experiment_router_cmd(
     seed: int = typer.Option(0, help="Seed of workloads and service-time noise."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     live: bool = typer.Option(False, "--live", help="Run round-robin vs Iconq+ on live DuckDB clusters instead "
-                              "(two size-1 clusters, load 0.85, κ=2)."),
+                              "(two size-1 clusters; --live-load, --live-kappa)."),
     db: Path | None = typer.Option(None, "--db", help="With --live: the TPC-H database the log was collected on "
                                    "(default: TPC-H SF 1 in warehouse.data_dir)."),
     live_copies: int = typer.Option(2, help="With --live: copies of every template (--copies is for simulation)."),
+    rounds: int = typer.Option(3, help="With --live: repetitions on seeds SEED, SEED+1, ... (order alternates)."),
+    live_load: float = typer.Option(0.85, help="With --live: offered load as a fraction of the clusters' cores."),
+    live_kappa: float = typer.Option(2.0, help="With --live: SLO multiplier κ."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Round-robin vs Stage+cost vs Iconq+ routing over 8 scenarios (λ × κ × clusters).
@@ -46,7 +49,7 @@ def experiment_router_cmd(
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
     cfg = load_cli_config(config)
     if live:
-        _experiment_router_live(log, model, db, live_copies, seed, as_json, cfg)
+        _experiment_router_live(log, model, db, live_copies, seed, rounds, live_load, live_kappa, as_json, cfg)
         return
     frame = read_log(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
@@ -86,8 +89,8 @@ def _live_db(db: Path | None, cfg: SloctlConfig) -> Path:
     return Path(db)
 
 
-def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int, seed: int, as_json: bool,
-                            cfg: SloctlConfig) -> None:
+def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int, seed: int, rounds: int,
+                            load: float, kappa: float, as_json: bool, cfg: SloctlConfig) -> None:
     """``experiment router --live``: round-robin vs Iconq+ on live DuckDB clusters."""
     from sloctl.datasets.querylog import read_log
     from sloctl.serving.live import live_router_experiment
@@ -95,6 +98,11 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
 
     if copies < 1:
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--live-copies")
+    if rounds < 1:
+        raise typer.BadParameter(f"must be >= 1; got {rounds}", param_hint="--rounds")
+    for name, value in (("--live-load", load), ("--live-kappa", kappa)):
+        if not value > 0:
+            raise typer.BadParameter(f"must be > 0; got {value}", param_hint=name)
     db = _live_db(db, cfg)
     frame = read_log(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
@@ -105,10 +113,14 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
 
     result = live_router_experiment(db, frame, predictor, copies=copies, seed=seed,
                                     slo_margin=router_margin(cfg, predictor, frame),
-                                    cost_tolerance=cfg.router.cost_tolerance, on_progress=progress)
+                                    cost_tolerance=cfg.router.cost_tolerance, rounds=rounds, load=load, kappa=kappa,
+                                    on_progress=progress)
     if as_json:
         typer.echo(json.dumps(result))
         return
+    for r in result["rounds"]:
+        cells = "  ".join(f"{a} VR {o['vr']:.3f} cost {o['cost']:.1f}" for a, o in r["results"].items())
+        typer.echo(f"round seed {r['seed']} ({r['n_queries']} queries): {cells}")
     for approach, outcome in result["results"].items():
         typer.echo(f"live λ={result['lambda']:.2f}/s κ={result['kappa']:g} clusters={result['clusters']}: "
                    f"{approach:<12} VR {outcome['vr']:.3f} cost {outcome['cost']:.1f}")

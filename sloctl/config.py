@@ -188,7 +188,7 @@ class RouterSection:
 
     slo_margin: float | None = None
     risk_quantile: float = 0.75
-    cost_tolerance: float = 1.0
+    cost_tolerance: float = 3.0
     price_per_unit_s: float = 1.0
     minimum_s: float = 60.0
 

@@ -187,6 +187,11 @@ def test_live_experiment_needs_isolated_runs(tpch_db, iso_log):
         live_router_experiment(tpch_db, busy, predictor=None)
 
 
+def test_live_experiment_needs_at_least_one_round(tpch_db, iso_log):
+    with pytest.raises(ValueError, match="'rounds'"):
+        live_router_experiment(tpch_db, iso_log, predictor=None, rounds=0)
+
+
 def test_cli_live_names_a_missing_database(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sloctl.cli", "experiment", "router", "--live", "--log", "x.parquet",
                           "--db", str(tmp_path / "missing.duckdb")], capture_output=True, text=True, cwd=tmp_path,
