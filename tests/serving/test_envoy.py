@@ -7,7 +7,6 @@ import json
 import socket
 import subprocess
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -174,22 +173,8 @@ class _AlwaysRejects(http.server.BaseHTTPRequestHandler):
         pass
 
 
-def _wait_until(check, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise TimeoutError("envoy did not reach the expected state")
-        time.sleep(0.05)
-
-
 @pytest.fixture
-def sidecar(tmp_path):
+def sidecar(tmp_path, wait_until):
     """A running Envoy in front of an always-503 upstream, routes over RDS from ``tmp_path/routes.json``."""
     upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _AlwaysRejects)
     _AlwaysRejects.attempts = Counter()
@@ -204,7 +189,7 @@ def sidecar(tmp_path):
     proc = subprocess.Popen([ENVOY, "-c", str(config), "--disable-hot-restart", "--log-level", "error"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1).status == 200)
+        wait_until(lambda: urllib.request.urlopen(f"http://127.0.0.1:{admin}/ready", timeout=1).status == 200)
         yield {"listen": listen, "admin": admin, "rds": rds, "options": options}
     finally:
         proc.terminate()
@@ -230,18 +215,18 @@ def test_running_sidecar_retries_each_class_its_budget(sidecar):
 
 
 @needs_envoy
-def test_new_policy_reaches_running_sidecar_without_restart(sidecar):
+def test_new_policy_reaches_running_sidecar_without_restart(sidecar, wait_until):
     def budgets():
         url = f"http://127.0.0.1:{sidecar['admin']}/config_dump?resource=dynamic_route_configs"
         dump = json.load(urllib.request.urlopen(url, timeout=1))
         routes = dump["configs"][0]["route_config"]["virtual_hosts"][0]["routes"]
         return [r["route"]["retry_policy"]["num_retries"] for r in routes]
 
-    before = _wait_until(budgets)
+    before = wait_until(budgets)
     assert before[0] == VARIED["retries"]["high"]["search"]
     updated = _policy(high=dict.fromkeys(SERVICES, 6))
     write_rds_file(envoy_route_config(updated, service="search", **sidecar["options"]), sidecar["rds"])
-    _wait_until(lambda: budgets()[0] == 6)
+    wait_until(lambda: budgets()[0] == 6)
 
 
 # -- bad input -------------------------------------------------------------------------

