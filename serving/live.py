@@ -381,7 +381,7 @@ def live_router_experiment(
     from sloctl.datasets.tpc import Template
     from sloctl.datasets.workloads import base_workload
     from sloctl.models.online import OnlinePredictor
-    from sloctl.simulation.experiments import mean_delta
+    from sloctl.simulation.experiments import _predictor_error, mean_delta
 
     if not (math.isfinite(load) and load > 0):
         raise ValueError(f"The 'load' parameter of live_router_experiment must be > 0, got {load!r}.")
@@ -405,6 +405,7 @@ def live_router_experiment(
 
     per_round: list[dict[str, Any]] = []
     totals: dict[str, dict[str, float]] = {}
+    predicted: list[pd.DataFrame] = []
     n_queries = 0
     with _torch_threads(1):
         for r in range(rounds):
@@ -422,6 +423,8 @@ def live_router_experiment(
                 outcome = run_live(db_path, queries, list(clusters), make(), minimum_s=minimum_s,
                                    sql_by_template=sql, on_progress=progress)
                 results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost}
+                if name == "iconq+cost":
+                    predicted.append(outcome.queries[["predicted_s", "latency_s"]])
                 total = totals.setdefault(name, {"violations": 0.0, "n": 0, "cost": 0.0})
                 total["violations"] += float(outcome.queries["violated"].sum())
                 total["n"] += len(outcome.queries)
@@ -439,6 +442,7 @@ def live_router_experiment(
         "rounds": per_round,
         "baseline": "round-robin",
         "mean_delta": mean_delta([pooled], "round-robin"),
+        "predictor_vs_live": _predictor_error(predicted),
         "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": copies,
                        "n_queries": n_queries},
     }

@@ -124,6 +124,9 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
     for approach, outcome in result["results"].items():
         typer.echo(f"live λ={result['lambda']:.2f}/s κ={result['kappa']:g} clusters={result['clusters']}: "
                    f"{approach:<12} VR {outcome['vr']:.3f} cost {outcome['cost']:.1f}")
+    pred = result["predictor_vs_live"]
+    echo(f"router's predictions (at routing time) vs live latencies: Q-error p50 {pred['p50']:.3f} "
+         f"p90 {pred['p90']:.3f}, {pred.get('under_predicted', float('nan')):.0%} under-predicted")
     for approach, delta in result["mean_delta"].items():
         vr = f"VR {delta['vr']:+.1%}" if delta["n_vr"] else "VR n/a (baseline VR 0)"
         typer.echo(f"mean Δ vs {result['baseline']}: {approach:<12} {vr}  cost {delta['cost']:+.1%}")
