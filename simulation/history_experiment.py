@@ -1,4 +1,4 @@
-"""Table 5 of AutoSLO (§8.7) in simulation: how much workload history the Spin-up Scheduler needs.
+"""Table 5 of AutoSLO (§8.7) in simulation: how much workload history the Policy Tuner needs.
 
 For a real Redset instance, a target day and an SLO strictness ``κ``, the
 execution configuration is tuned on ``H`` days of history (``H`` = 0, 1, 7,
@@ -9,10 +9,14 @@ execution configuration is tuned on ``H`` days of history (``H`` = 0, 1, 7,
   ``H`` days before the target (hourly counts); the default ``decay``
   :class:`~sloctl.datasets.forecast.Forecaster` draws training and validation
   forecasts of the target day (with one day of history it falls back to the
-  prior day, with seven to the same weekday a week back), and
-  :func:`~sloctl.control.scheduler.schedule_spinups` adds scheduled spin-ups
-  on top of the reactive autoscaler, simulating those forecasts with
-  :func:`~sloctl.simulation.batch.simulate_batch`.
+  prior day, with seven to the same weekday a week back), and the Policy
+  Tuner runs on them as §8.7 does: the Configuration Tuner
+  (:func:`~sloctl.training.policy_tuner.tune_policy`: starting clusters and
+  size, teardown timers) and then
+  :func:`~sloctl.control.scheduler.schedule_spinups`, which adds scheduled
+  spin-ups on top of the reactive autoscaler, every configuration simulated
+  on those forecasts with :func:`~sloctl.simulation.batch.simulate_batch`
+  (``tune_knobs=False``: spin-ups only).
 * Grading replays the target day's real hourly counts (arrivals uniform
   within each hour, seeded; the same draw for every ``H`` and ``κ``) in the
   emulated warehouse. The forecasts a configuration was tuned on are never
@@ -104,6 +108,11 @@ class HistoryExperimentConfig:
         policy: forecasting policy.
         grading_draws: placements of the actual day's arrivals within their
             hours; VR and cost are their means.
+        tune_knobs: with history, run the whole Policy Tuner as §8.7 does:
+            the Configuration Tuner first (starting clusters and size, the
+            teardown timers; ``knob_budget`` configurations, adaptive), then
+            the Spin-up Scheduler on its winner. ``False``: spin-ups only.
+        knob_budget: configurations the Configuration Tuner may try.
     """
 
     histories_days: tuple[int, ...] = (0, 1, 7, 30)
@@ -128,6 +137,8 @@ class HistoryExperimentConfig:
     max_clusters: int = 4
     policy: str = "decay"
     grading_draws: int = 3
+    tune_knobs: bool = True
+    knob_budget: int = 12
 
     def quick(self) -> HistoryExperimentConfig:
         """A small variant for tests and smoke runs."""
@@ -379,11 +390,26 @@ def _run_cell(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, slo_ref
                                            np.random.default_rng([*day_seed, 100 + j])))
         workloads = [_queries(f, templates, slo_ref, cell.kappa) for f in forecasts]
         evaluate = partial(simulate_batch, runner=runner, workers=1, seed=cell_seed(cell.seed, 7))
-        result = schedule_spinups(
-            [base], evaluate=evaluate, train=workloads[:cfg.n_train], validation=workloads[cfg.n_train:],
-            sizes=cfg.sizes, tau_target=cfg.tau_target, delta_s=autoscaler.spinup_delay_s, eta=cfg.eta,
-            phi=cfg.phi, sigma_min_s=cfg.sigma_min_hours * hour_s, merge_gap_s=cfg.merge_gap_hours * hour_s)
-        chosen = result.best
+        schedule_args = dict(evaluate=evaluate, train=workloads[:cfg.n_train], validation=workloads[cfg.n_train:],
+                             sizes=cfg.sizes, tau_target=cfg.tau_target, delta_s=autoscaler.spinup_delay_s,
+                             eta=cfg.eta, phi=cfg.phi, sigma_min_s=cfg.sigma_min_hours * hour_s,
+                             merge_gap_s=cfg.merge_gap_hours * hour_s)
+        if cfg.tune_knobs:
+            from sloctl.training.policy_tuner import SearchSpace, tune_policy
+
+            space = SearchSpace({
+                "start_clusters": [1, 2], "start_size": list(cfg.sizes),
+                "t_idle_s": (0.2 * autoscaler.t_idle_s, 5.0 * autoscaler.t_idle_s, "log"),
+                "t_min_lifetime_s": (0.2 * autoscaler.t_min_lifetime_s, 5.0 * autoscaler.t_min_lifetime_s, "log")})
+            policy = tune_policy(space, base=base, strategy="adaptive", budget=cfg.knob_budget, seed=cell.seed,
+                                 **schedule_args)
+            result, chosen = policy.schedule, policy.best
+            row["knobs"] = {"start_sizes": list(chosen.start_sizes),
+                            "t_idle_units": chosen.autoscaler.t_idle_s / mean_iso,
+                            "t_min_lifetime_units": chosen.autoscaler.t_min_lifetime_s / mean_iso}
+        else:
+            result = schedule_spinups([base], **schedule_args)
+            chosen = result.best
         forecast_hourly = np.mean([np.bincount(np.minimum((f[0] // hour_s).astype(int), 23), minlength=24)
                                    for f in forecasts], axis=0)
         actual_hourly = np.bincount(np.minimum((actuals[0][0] // hour_s).astype(int), 23), minlength=24)
@@ -503,12 +529,13 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
 
 
 def run_table5(hourly_path: str | Path, log_path: str | Path | None = None, *, instances: Sequence[int] | None = None,
-               seed: int = 0, quick: bool = False) -> dict[str, Any]:
+               seed: int = 0, quick: bool = False, tune_knobs: bool = True) -> dict[str, Any]:
     """Table 5 from files: the Redset hourly Parquet and a query log (default: the bench log).
 
     A full run picks 3 instances (2 target days × 2 κ × 4 histories each;
     about 1.5 minutes on 2 cores with the bench log);
-    ``quick`` picks 1 and shrinks the tuning (:meth:`HistoryExperimentConfig.quick`).
+    ``quick`` picks 1 and shrinks the tuning (:meth:`HistoryExperimentConfig.quick`);
+    ``tune_knobs=False`` runs the Spin-up Scheduler alone (the ablation).
     """
     from sloctl.datasets.querylog import read_log
 
@@ -517,4 +544,4 @@ def run_table5(hourly_path: str | Path, log_path: str | Path | None = None, *, i
         raise FileNotFoundError(f"The 'log_path' parameter must name a query log, got {path} (missing); "
                                 f"collect one with `sloctl collect` or pass log_path.")
     return history_experiment(hourly_path, read_log(path), instances=instances, n_instances=1 if quick else 3,
-                              seed=seed, quick=quick)
+                              config=HistoryExperimentConfig(tune_knobs=tune_knobs), seed=seed, quick=quick)

@@ -271,9 +271,11 @@ def experiment_history_cmd(
     instances: str = typer.Option("", help="Comma-separated instance ids (default: the densest with history)."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, help="One instance, smaller tuning (seconds)."),
+    spinups_only: bool = typer.Option(False, "--spinups-only",
+                                      help="Ablation: schedule spin-ups only, without the Configuration Tuner."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Table 5: VR and cost of scheduled spin-ups tuned on 0, 1, 7 and 30 days of history, graded on the real day."""
+    """Table 5: VR and cost of configurations tuned on 0, 1, 7 and 30 days of history, graded on the real day."""
     from sloctl.simulation.history_experiment import run_table5
 
     try:
@@ -281,7 +283,7 @@ def experiment_history_cmd(
     except ValueError:
         raise typer.BadParameter(f"expected comma-separated instance ids, got {instances!r}",
                                  param_hint="--instances") from None
-    result = run_table5(hourly, log, instances=ids, seed=seed, quick=quick)
+    result = run_table5(hourly, log, instances=ids, seed=seed, quick=quick, tune_knobs=not spinups_only)
     if as_json:
         typer.echo(json.dumps(result, default=float))
         return

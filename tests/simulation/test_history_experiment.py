@@ -30,7 +30,16 @@ def periodic_contour(days: int = 40, base: int = 20, peak: int = 200, seed: int 
 
 @pytest.fixture(scope="module")
 def table(sim_log):
-    cfg = HistoryExperimentConfig(histories_days=(0, 1), kappas=(3.0,), n_target_days=1)
+    """The Spin-up Scheduler alone (the ablation), so that what it schedules is visible."""
+    cfg = HistoryExperimentConfig(histories_days=(0, 1), kappas=(3.0,), n_target_days=1, tune_knobs=False)
+    return history_experiment(periodic_contour(), sim_log, instances=[7], config=cfg, workers=1, seed=0,
+                              quick=True)
+
+
+@pytest.fixture(scope="module")
+def tuned_table(sim_log):
+    """The whole Policy Tuner: Configuration Tuner, then Spin-up Scheduler."""
+    cfg = HistoryExperimentConfig(histories_days=(0, 1), kappas=(3.0,), n_target_days=1, knob_budget=6)
     return history_experiment(periodic_contour(), sim_log, instances=[7], config=cfg, workers=1, seed=0,
                               quick=True)
 
@@ -50,6 +59,14 @@ def test_history_places_a_spinup_before_the_recurring_peak_and_lowers_actual_vr(
     assert any(PEAK_HOURS[0] - 1.0 <= h <= PEAK_HOURS[0] + 0.5 for h in hours), hours
     assert by_h[1]["vr"] < by_h[0]["vr"]
     assert table["summary"]["mean_delta_vs_H0"]["H=1"]["vr"] < 0
+
+
+def test_policy_tuner_with_history_tunes_knobs_and_beats_no_history(tuned_table):
+    by_h = {r["history_days"]: r for r in tuned_table["rows"]}
+    assert "knobs" not in by_h[0]  # no history: the default configuration
+    knobs = by_h[1]["knobs"]
+    assert set(knobs) == {"start_sizes", "t_idle_units", "t_min_lifetime_units"}
+    assert by_h[1]["vr"] < by_h[0]["vr"]  # graded on the actual day
 
 
 def test_grading_uses_the_actual_day_not_the_forecasts(table):
