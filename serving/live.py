@@ -381,7 +381,7 @@ def live_router_experiment(
     from sloctl.datasets.tpc import Template
     from sloctl.datasets.workloads import base_workload
     from sloctl.models.online import OnlinePredictor
-    from sloctl.simulation.experiments import _predictor_error, mean_delta
+    from sloctl.simulation.experiments import mean_delta, predictor_error
 
     if not (math.isfinite(load) and load > 0):
         raise ValueError(f"The 'load' parameter of live_router_experiment must be > 0, got {load!r}.")
@@ -430,8 +430,8 @@ def live_router_experiment(
                 total["n"] += len(outcome.queries)
                 total["cost"] += outcome.cost
             per_round.append({"seed": seed + r, "n_queries": len(queries), "results": results})
-    pooled = {name: {"vr": t["violations"] / max(t["n"], 1), "cost": t["cost"]} for name, t in totals.items()}
-    pooled = {name: pooled[name] for name in ("round-robin", "iconq+cost")}
+    pooled = {name: {"vr": totals[name]["violations"] / max(totals[name]["n"], 1), "cost": totals[name]["cost"]}
+              for name in ("round-robin", "iconq+cost")}
     return {
         "live": True,
         "lambda": rate,
@@ -442,7 +442,7 @@ def live_router_experiment(
         "rounds": per_round,
         "baseline": "round-robin",
         "mean_delta": mean_delta([pooled], "round-robin"),
-        "predictor_vs_live": _predictor_error(predicted),
+        "predictor_vs_live": predictor_error(predicted),
         "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": copies,
                        "n_queries": n_queries},
     }

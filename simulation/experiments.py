@@ -30,6 +30,7 @@ __all__ = [
     "ScalingExperimentConfig",
     "autoscaler_config",
     "mean_delta",
+    "predictor_error",
     "router_experiment",
     "scaling_setup",
     "scaling_experiment",
@@ -107,7 +108,7 @@ def _setup(log: pd.DataFrame, sizes: set[int], seed: int):
     return world, report, slo_ref, templates, mean_iso, table
 
 
-def _predictor_error(frames: list[pd.DataFrame]) -> dict[str, float]:
+def predictor_error(frames: list[pd.DataFrame]) -> dict[str, float]:
     """Q-error of the routers' predictions (made at routing time) against the world's latencies."""
     from sloctl.models.metrics import q_error_summary
 
@@ -132,7 +133,7 @@ def _result(scenarios: list[dict], baseline: str, report: Any, predicted_vs_worl
         "world": {"alpha": {str(k): v for k, v in report.alpha.items()}, "noise_sigma": report.noise_sigma,
                   "heldout_q_error": report.heldout_q_error,
                   "heldout_q_error_concurrent": report.heldout_q_error_concurrent},
-        "predictor_vs_world": _predictor_error(predicted_vs_world),
+        "predictor_vs_world": predictor_error(predicted_vs_world),
         "time_scale": time_scale,
     }
 
