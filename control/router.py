@@ -14,6 +14,9 @@ finished query — and run unchanged in simulation and live.
   the query's isolated (Stage) latency meets its SLO, cheapest marginal cost
   first.
 * :class:`RoundRobinRouter`: cycles through the clusters.
+* :class:`ShadowRoundRobinRouter`: round-robin placements while the Iconq+
+  router's inference runs on every arrival and completion, so that a live
+  comparison charges both sides the same predictor CPU time.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "Query",
     "RoundRobinRouter",
     "RouteDecision",
+    "ShadowRoundRobinRouter",
     "Router",
     "StageCostRouter",
 ]
@@ -207,3 +211,32 @@ class RoundRobinRouter:
 
     def on_complete(self, query_id: int, now_s: float) -> None:
         return None
+
+
+class ShadowRoundRobinRouter:
+    """Round-robin placements, with ``router``'s inference done (and ignored) on every arrival.
+
+    On a machine where the router shares cores with the clusters (two cores
+    here), the Iconq+ router's own CPU time slows the queries it routes;
+    this baseline pays the same cost, so a comparison with it isolates the
+    quality of the router's decisions. Its decisions are round-robin's, its
+    explanation the router's would-be one.
+    """
+
+    name = "round-robin+inference"
+
+    def __init__(self, router: IconqRouter) -> None:
+        self.router = router
+        self._rr = RoundRobinRouter()
+
+    def route(self, query: Query, clusters: list[ClusterState], now_s: float) -> RouteDecision:
+        chosen = self._rr.route(query, clusters, now_s).cluster_id
+        model = self.router.model
+        options = model.counterfactuals(query.template, query.arrival_s, {c.cluster_id: c.size for c in clusters},
+                                        now_s)
+        size = next(c.size for c in clusters if c.cluster_id == chosen)
+        predicted = model.commit(query.query_id, query.template, query.arrival_s, query.slo_s, chosen, size, now_s)
+        return RouteDecision(chosen, predicted, {cid: {"predicted_s": cf.query_s} for cid, cf in options.items()})
+
+    def on_complete(self, query_id: int, now_s: float) -> None:
+        self.router.on_complete(query_id, now_s)

@@ -338,14 +338,19 @@ def live_router_experiment(
     cost_tolerance: float = 3.0,
     minimum_s_factor: float = 5.0,
     rounds: int = 3,
+    shadow_baseline: bool = True,
     on_progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Round-robin vs the Iconq+ router on live clusters, on the same arrivals.
 
     The comparison runs ``rounds`` times, on workload seeds ``seed``,
     ``seed + 1``, ...; within a round both routers replay the same arrivals,
-    and the order alternates between rounds so that drift in the machine's
-    background load does not favour one of them. VR is pooled over rounds
+    and the order rotates between rounds so that drift in the machine's
+    background load does not favour one of them. With ``shadow_baseline``,
+    a third approach, ``round-robin+inference``
+    (:class:`~sloctl.control.router.ShadowRoundRobinRouter`), places like
+    round-robin while running the router's inference: where the router
+    shares cores with the clusters, it pays the same CPU time. VR is pooled over rounds
     (violations / queries) and cost summed; ``rounds`` in the result keeps each
     round's figures.
 
@@ -368,16 +373,19 @@ def live_router_experiment(
         slo_margin, cost_tolerance: the Iconq+ router's settings.
         minimum_s_factor: billing minimum window in units of ``ℓ̄``.
         rounds: repetitions, each on its own seeded workload.
+        shadow_baseline: also run ``round-robin+inference``.
         on_progress: ``(approach, finished, total)`` after every completion.
 
     Returns:
         A JSON-ready dict: ``live``, ``lambda``, ``load``, ``kappa``,
         ``clusters`` (sizes), ``results`` (approach -> pooled ``vr``, total
         ``cost``), ``rounds`` (per round: ``seed`` and its ``results``),
-        ``baseline``, ``mean_delta`` and ``time_scale``.
+        ``baseline``, ``mean_delta``, ``mean_delta_vs_inference_baseline``
+        (the router against ``round-robin+inference``; None without it),
+        ``predictor_vs_live`` and ``time_scale``.
     """
 
-    from sloctl.control.router import IconqRouter, RoundRobinRouter
+    from sloctl.control.router import IconqRouter, RoundRobinRouter, ShadowRoundRobinRouter
     from sloctl.datasets.tpc import Template
     from sloctl.datasets.workloads import base_workload
     from sloctl.models.online import OnlinePredictor
@@ -414,8 +422,10 @@ def live_router_experiment(
                        for i, q in enumerate(workload.queries)]
             n_queries += len(queries)
             makers = [("round-robin", RoundRobinRouter), ("iconq+cost", iconq_router)]
+            if shadow_baseline:
+                makers.append(("round-robin+inference", lambda: ShadowRoundRobinRouter(iconq_router())))
             results: dict[str, dict[str, float]] = {}
-            for name, make in makers if r % 2 == 0 else makers[::-1]:
+            for name, make in makers[r % len(makers):] + makers[:r % len(makers)]:
                 def progress(done: int, total: int, name: str = name) -> None:
                     if on_progress is not None:
                         on_progress(name, done, total)
@@ -431,7 +441,7 @@ def live_router_experiment(
                 total["cost"] += outcome.cost
             per_round.append({"seed": seed + r, "n_queries": len(queries), "results": results})
     pooled = {name: {"vr": totals[name]["violations"] / max(totals[name]["n"], 1), "cost": totals[name]["cost"]}
-              for name in ("round-robin", "iconq+cost")}
+              for name, _ in makers}
     return {
         "live": True,
         "lambda": rate,
@@ -442,6 +452,9 @@ def live_router_experiment(
         "rounds": per_round,
         "baseline": "round-robin",
         "mean_delta": mean_delta([pooled], "round-robin"),
+        "mean_delta_vs_inference_baseline": (
+            mean_delta([{k: pooled[k] for k in ("round-robin+inference", "iconq+cost")}], "round-robin+inference")
+            if shadow_baseline else None),
         "predictor_vs_live": predictor_error(predicted),
         "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": copies,
                        "n_queries": n_queries},

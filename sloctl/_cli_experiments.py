@@ -34,6 +34,8 @@ def experiment_router_cmd(
     rounds: int = typer.Option(3, help="With --live: repetitions on seeds SEED, SEED+1, ... (order alternates)."),
     live_load: float = typer.Option(0.85, help="With --live: offered load as a fraction of the clusters' cores."),
     live_kappa: float = typer.Option(2.0, help="With --live: SLO multiplier κ."),
+    shadow: bool = typer.Option(True, "--shadow/--no-shadow", help="With --live: also run round-robin placements "
+                                "with the router's inference (same CPU cost as the router)."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Round-robin vs Stage+cost vs Iconq+ routing over 8 scenarios (λ × κ × clusters).
@@ -49,7 +51,8 @@ def experiment_router_cmd(
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
     cfg = load_cli_config(config)
     if live:
-        _experiment_router_live(log, model, db, live_copies, seed, rounds, live_load, live_kappa, as_json, cfg)
+        _experiment_router_live(log, model, db, live_copies, seed, rounds, live_load, live_kappa, shadow, as_json,
+                                cfg)
         return
     frame = read_log(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
@@ -90,7 +93,7 @@ def _live_db(db: Path | None, cfg: SloctlConfig) -> Path:
 
 
 def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int, seed: int, rounds: int,
-                            load: float, kappa: float, as_json: bool, cfg: SloctlConfig) -> None:
+                            load: float, kappa: float, shadow: bool, as_json: bool, cfg: SloctlConfig) -> None:
     """``experiment router --live``: round-robin vs Iconq+ on live DuckDB clusters."""
     from sloctl.datasets.querylog import read_log
     from sloctl.serving.live import live_router_experiment
@@ -114,7 +117,7 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
     result = live_router_experiment(db, frame, predictor, copies=copies, seed=seed,
                                     slo_margin=router_margin(cfg, predictor, frame),
                                     cost_tolerance=cfg.router.cost_tolerance, rounds=rounds, load=load, kappa=kappa,
-                                    on_progress=progress)
+                                    shadow_baseline=shadow, on_progress=progress)
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -130,6 +133,11 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
     for approach, delta in result["mean_delta"].items():
         vr = f"VR {delta['vr']:+.1%}" if delta["n_vr"] else "VR n/a (baseline VR 0)"
         typer.echo(f"mean Δ vs {result['baseline']}: {approach:<12} {vr}  cost {delta['cost']:+.1%}")
+    shadow_delta = result.get("mean_delta_vs_inference_baseline")
+    if shadow_delta:
+        delta = shadow_delta["iconq+cost"]
+        vr = f"VR {delta['vr']:+.1%}" if delta["n_vr"] else "VR n/a (baseline VR 0)"
+        typer.echo(f"mean Δ vs round-robin+inference (same CPU cost): iconq+cost {vr}  cost {delta['cost']:+.1%}")
 
 
 def _scaling(kind: str, log: Path, model: str, copies: int, seed: int, as_json: bool, config: Path | None) -> None:

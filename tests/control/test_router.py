@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from sloctl.control.billing import BillingTimer
-from sloctl.control.router import ClusterState, IconqRouter, Query, RoundRobinRouter, StageCostRouter
+from sloctl.control.router import (
+    ClusterState,
+    IconqRouter,
+    Query,
+    RoundRobinRouter,
+    ShadowRoundRobinRouter,
+    StageCostRouter,
+)
 from sloctl.models.online import Counterfactual
 
 
@@ -97,3 +104,14 @@ def test_round_robin_cycles_and_empty_pools_are_refused():
     assert [router.route(Query(i, "t", 0.0, 1.0), clusters, 0.0).cluster_id for i in range(3)] == ["a", "b", "a"]
     with pytest.raises(ValueError, match="No active cluster"):
         router.route(Query(9, "t", 0.0, 1.0), [], 0.0)
+
+
+def test_shadow_round_robin_places_like_round_robin_but_runs_the_model():
+    # the model would send everything to "fast"; the shadow keeps round-robin's placements
+    model = FakeModel({"slow": (9.0, []), "fast": (1.0, [])})
+    shadow = ShadowRoundRobinRouter(IconqRouter(model))
+    clusters = [cluster("slow", 1), cluster("fast", 1)]
+    decisions = [shadow.route(Query(i, "t", 0.0, 5.0), clusters, 0.0) for i in range(3)]
+    assert [d.cluster_id for d in decisions] == ["slow", "fast", "slow"]
+    assert model.committed == ["slow", "fast", "slow"]  # the model's state follows the real placements
+    assert decisions[0].explanation == {"slow": {"predicted_s": 9.0}, "fast": {"predicted_s": 1.0}}
