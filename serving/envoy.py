@@ -39,6 +39,7 @@ __all__ = [
     "runnable_envoy",
     "envoy_bootstrap",
     "envoy_route_config",
+    "route_config_name",
     "istio_virtual_service",
     "validate_envoy_config",
     "write_rds_file",
@@ -139,6 +140,11 @@ def _duration(seconds: float) -> str:
 
 
 # -- Envoy -----------------------------------------------------------------------------
+def route_config_name(service: str) -> str:
+    """The name of ``service``'s RouteConfiguration (what an RDS file must hold for its sidecar)."""
+    return f"{service}_retry"
+
+
 def envoy_route_config(policy: Any, *, service: str, cluster: str | None = None, header: str = "x-priority",
                        retry_on: str = "retriable-status-codes,reset,connect-failure",
                        retriable_status_codes: Iterable[int] = (503,), per_try_timeout_s: float = 1.0,
@@ -206,7 +212,7 @@ def envoy_route_config(policy: Any, *, service: str, cluster: str | None = None,
                "route": action(k)}
               for klass, k in budgets.items()]
     routes.append({"name": f"default-{fallback}", "match": {"prefix": "/"}, "route": action(budgets[fallback])})
-    return {"name": f"{service}_retry",
+    return {"name": route_config_name(service),
             "virtual_hosts": [{"name": service, "domains": ["*"], "routes": routes}]}
 
 
@@ -227,7 +233,8 @@ def envoy_bootstrap(policy: Any, *, service: str, listen_port: int, upstream_por
     (the path must exist at load time) and for every update.
 
     Args:
-        policy: a retry-policy document (or a :class:`RetryPolicy`).
+        policy: a retry-policy document (or a :class:`RetryPolicy`); None with
+            ``dynamic_routes_path`` when the routes come only from that file.
         service: the callee this sidecar fronts.
         listen_port: where the sidecar accepts calls into ``service``.
         upstream_port: where ``service`` itself listens.
@@ -248,7 +255,9 @@ def envoy_bootstrap(policy: Any, *, service: str, listen_port: int, upstream_por
             or max_concurrent_retries < 1:
         raise ValueError(f"The 'max_concurrent_retries' parameter must be a whole number >= 1, "
                          f"got {max_concurrent_retries!r}.")
-    route_config = envoy_route_config(policy, service=service, **route_options)
+    if policy is None and dynamic_routes_path is None:
+        raise ValueError("The 'policy' parameter of envoy_bootstrap may be None only with 'dynamic_routes_path'.")
+    route_config = envoy_route_config(policy, service=service, **route_options) if policy is not None else None
     cluster = route_options.get("cluster") or service
 
     hcm: dict[str, Any] = {"@type": _HCM_TYPE, "stat_prefix": f"{service}_inbound",
@@ -257,7 +266,7 @@ def envoy_bootstrap(policy: Any, *, service: str, listen_port: int, upstream_por
     if dynamic_routes_path is None:
         hcm["route_config"] = route_config
     else:
-        hcm["rds"] = {"route_config_name": route_config["name"],
+        hcm["rds"] = {"route_config_name": route_config_name(service),
                       "config_source": {"path_config_source": {"path": os.path.abspath(dynamic_routes_path)},
                                         "resource_api_version": "V3"}}
 

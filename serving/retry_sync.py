@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.errors import SyncError
-from sloctl.serving.envoy import ROUTE_CONFIG_TYPE, envoy_bootstrap, write_rds_file
+from sloctl.serving.envoy import ROUTE_CONFIG_TYPE, envoy_bootstrap, route_config_name, write_rds_file
 
 __all__ = ["SyncError", "SyncResult", "bootstrap_from_rds", "read_rds_file", "run_sync", "sync_once"]
 
@@ -264,7 +264,7 @@ def bootstrap_from_rds(rds_path: str | os.PathLike[str], *, service: str, listen
     if route_config is None:
         raise ValueError(f"The 'rds_path' parameter must name an RDS file written by `sloctl sidecar sync`, "
                          f"got {str(rds_path)!r} (missing or not a discovery response).")
-    expected = f"{service}_retry"
+    expected = route_config_name(service)
     if route_config.get("name") != expected:
         raise ValueError(f"The RDS file {rds_path} holds route config {route_config.get('name')!r}; the "
                          f"'service' parameter {service!r} needs {expected!r}.")
@@ -273,10 +273,6 @@ def bootstrap_from_rds(rds_path: str | os.PathLike[str], *, service: str, listen
     if len(clusters) > 1:
         raise ValueError(f"The RDS file {rds_path} sends to several clusters ({', '.join(sorted(clusters))}); "
                          f"a sidecar bootstrap has one upstream.")
-    # envoy_bootstrap derives the route config's name from the service and, with
-    # dynamic_routes_path, drops the inline routes it builds from the policy, so
-    # a one-class stand-in policy is enough: the budgets in force are the file's.
-    stand_in = {"retries": {"any": {service: 0}}}
-    return envoy_bootstrap(stand_in, service=service, listen_port=listen_port, upstream_port=upstream_port,
+    return envoy_bootstrap(None, service=service, listen_port=listen_port, upstream_port=upstream_port,
                            admin_port=admin_port, dynamic_routes_path=rds_path,
                            cluster=clusters.pop() if clusters else None)
