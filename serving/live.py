@@ -403,13 +403,14 @@ def live_router_experiment(
     minimum_s = minimum_s_factor * mean_iso
     sizes = dict(clusters)
 
-    def iconq_router() -> IconqRouter:
-        online = OnlinePredictor(predictor, table)
-        for t in templates:  # Stage estimates and features up front, so routing never waits for them
-            for size in set(sizes.values()):
-                online.features(t, size)
-        online.counterfactuals(templates[0], 0.0, sizes, 0.0)  # warm the network; changes nothing
-        return IconqRouter(online, slo_margin=slo_margin, cost_tolerance=cost_tolerance)
+    warm = OnlinePredictor(predictor, table)
+    for t in templates:  # Stage estimates and features up front, so routing never waits for them
+        for size in set(sizes.values()):
+            warm.features(t, size)
+    warm.counterfactuals(templates[0], 0.0, sizes, 0.0)  # warm the network; changes nothing
+
+    def iconq_router() -> IconqRouter:  # fresh running state per run, features shared
+        return IconqRouter(warm.fork(), slo_margin=slo_margin, cost_tolerance=cost_tolerance)
 
     per_round: list[dict[str, Any]] = []
     totals: dict[str, dict[str, float]] = {}
