@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["IconqConfig", "IconqNet", "IncrementalIconq", "qerror_loss"]
+__all__ = ["IconqConfig", "IconqNet", "IncrementalIconq", "NeighbourStep", "QueryEmbedding", "qerror_loss"]
 
 _AFTER_ORDERS = ("chronological", "reverse")
 
@@ -200,6 +200,46 @@ def qerror_loss(pred_log: Tensor, label_log: Tensor, censored: Tensor, weight: T
     return (weight * per_row).sum() / weight.sum().clamp_min(torch.finfo(per_row.dtype).tiny)
 
 
+@dataclass(frozen=True)
+class NeighbourStep:
+    """One after-LSTM step for running queries, from :meth:`IncrementalIconq.step_neighbour`.
+
+    Attributes:
+        keys: the running queries, in order.
+        slots: their rows in the model's state.
+        h, c: their new after-LSTM state, (K, H) each.
+        raw_s: their unguarded predicted latencies after the step (seconds), (K,).
+    """
+
+    keys: list
+    slots: list[int]
+    h: Tensor
+    c: Tensor
+    raw_s: np.ndarray
+
+    def subset(self, start: int, stop: int) -> NeighbourStep:
+        """The step of ``keys[start:stop]``."""
+        return NeighbourStep(self.keys[start:stop], self.slots[start:stop], self.h[start:stop],
+                             self.c[start:stop], self.raw_s[start:stop])
+
+
+@dataclass(frozen=True)
+class QueryEmbedding:
+    """Hypothetical new queries, from :meth:`IncrementalIconq.embed_queries`: (B, ·) rows.
+
+    Attributes:
+        self_e: self embeddings, (B, E).
+        h_before: before-LSTM summaries, (B, H).
+        base_log: log Stage estimates, (B,).
+        raw_s: raw predicted latencies with no after-neighbour (seconds), (B,).
+    """
+
+    self_e: Tensor
+    h_before: Tensor
+    base_log: Tensor
+    raw_s: np.ndarray
+
+
 class IncrementalIconq:
     """Latency predictions for running queries, updated one arrival at a time (section 4.4).
 
@@ -369,6 +409,29 @@ class IncrementalIconq:
         return self._guarded(slots, self._raw_log(idx), None)
 
     @torch.no_grad()
+    def step_neighbour(self, keys: Sequence[Hashable], pair_x: Tensor) -> NeighbourStep:
+        """The after-LSTM step a newcomer would cause for ``keys``, computed but not stored.
+
+        :meth:`peek_neighbour` reads predictions from it; :meth:`apply_neighbour`
+        stores it, so a router that asked first does not run the step twice.
+        """
+        keys = list(keys)
+        slots = self._check_pairs(keys, pair_x)
+        if not slots:
+            empty = self._h.new_zeros(0, self._h.shape[1])
+            return NeighbourStep(keys, [], empty, empty, np.zeros(0))
+        idx, h, c = self._step(slots, pair_x)
+        raw_log = self.net.head_log(self._self_e[idx], self._h_before[idx], h, self._base_log[idx])
+        return NeighbourStep(keys, slots, h, c, np.exp(raw_log.cpu().double().numpy()))
+
+    def guard_step(self, step: NeighbourStep, elapsed_s: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
+        """Guarded predictions of a step from :meth:`step_neighbour`, as :meth:`peek_neighbour` returns them."""
+        out = np.maximum(step.raw_s, self._guard_s[step.slots])
+        if elapsed_s is not None:
+            out = np.maximum(out, np.asarray(elapsed_s, dtype=np.float64))
+        return out
+
+    @torch.no_grad()
     def peek_neighbour(self, keys: Sequence[Hashable], pair_x: Tensor,
                        elapsed_s: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
         """What :meth:`add_neighbour` would predict (guarded), without changing any state.
@@ -376,20 +439,31 @@ class IncrementalIconq:
         This is the counterfactual a router needs: the running queries'
         latencies if a newcomer joined them (AutoSLO Algorithm 1, line 5).
         """
-        keys = list(keys)
-        slots = self._check_pairs(keys, pair_x)
-        if not slots:
+        return self.guard_step(self.step_neighbour(keys, pair_x), elapsed_s)
+
+    @torch.no_grad()
+    def apply_neighbour(self, step: NeighbourStep, elapsed_s: Sequence[float] | np.ndarray | None = None
+                        ) -> np.ndarray:
+        """Store a step from :meth:`step_neighbour` (state unchanged since); returns the guarded predictions.
+
+        The same as :meth:`add_neighbour` with the step's pairs followed by
+        :meth:`predict` with ``elapsed_s``.
+        """
+        if not step.slots:
             return np.zeros(0)
-        idx, h, _ = self._step(slots, pair_x)
-        raw_log = self.net.head_log(self._self_e[idx], self._h_before[idx], h, self._base_log[idx])
-        out = np.maximum(np.exp(raw_log.cpu().double().numpy()), self._guard_s[slots])
-        if elapsed_s is not None:
-            out = np.maximum(out, np.asarray(elapsed_s, dtype=np.float64))
+        if self._slots(step.keys) != step.slots:
+            raise ValueError("The step was computed for another set of running queries; compute it again.")
+        idx = torch.tensor(step.slots, device=self._h.device)
+        self._h[idx] = step.h
+        self._c[idx] = step.c
+        out = self.guard_step(step, elapsed_s)
+        self._guard_s[step.slots] = out
         return out
 
     @torch.no_grad()
-    def peek_queries(self, self_x: Tensor, before_x: Tensor, before_len: Tensor, base_log: Tensor) -> np.ndarray:
-        """Raw predicted latencies (seconds) of hypothetical new queries, batched; no state changes.
+    def embed_queries(self, self_x: Tensor, before_x: Tensor, before_len: Tensor, base_log: Tensor
+                      ) -> QueryEmbedding:
+        """Embeddings and raw predictions of hypothetical new queries, batched; no state changes.
 
         Args:
             self_x: (B, S) own features of each hypothetical query.
@@ -401,9 +475,33 @@ class IncrementalIconq:
         dtype, device = self._h.dtype, self._h.device
         self_e = net.self_embed(self_x.to(device=device, dtype=dtype))  # (B, E)
         h_before = net.summarize(net.before_lstm, before_x.to(device=device, dtype=dtype), before_len)  # (B, H)
-        h_after = torch.zeros_like(h_before)
-        raw_log = net.head_log(self_e, h_before, h_after, base_log.to(device=device, dtype=dtype))
-        return np.exp(raw_log.cpu().double().numpy())
+        base = base_log.to(device=device, dtype=dtype)
+        raw_log = net.head_log(self_e, h_before, torch.zeros_like(h_before), base)
+        return QueryEmbedding(self_e, h_before, base, np.exp(raw_log.cpu().double().numpy()))
+
+    @torch.no_grad()
+    def peek_queries(self, self_x: Tensor, before_x: Tensor, before_len: Tensor, base_log: Tensor) -> np.ndarray:
+        """Raw predicted latencies (seconds) of hypothetical new queries, batched; no state changes.
+
+        Args: as :meth:`embed_queries`.
+        """
+        return self.embed_queries(self_x, before_x, before_len, base_log).raw_s
+
+    @torch.no_grad()
+    def add_embedded(self, key: Hashable, embedding: QueryEmbedding, row: int) -> float:
+        """Start tracking ``key`` from row ``row`` of :meth:`embed_queries`; as :meth:`add_query`."""
+        if key in self._slot:
+            raise ValueError(f"Query {key!r} is already running.")
+        slot = self._new_slot()
+        self._self_e[slot] = embedding.self_e[row]
+        self._h_before[slot] = embedding.h_before[row]
+        self._h[slot] = 0.0
+        self._c[slot] = 0.0
+        self._base_log[slot] = embedding.base_log[row]
+        self._slot[key] = slot
+        raw_s = float(embedding.raw_s[row])
+        self._guard_s[slot] = raw_s
+        return raw_s
 
     @torch.no_grad()
     def raw_predict(self, keys: Sequence[Hashable]) -> np.ndarray:

@@ -79,6 +79,10 @@ class OnlinePredictor:
         self.running: dict[int, RunningQuery] = {}
         self._by_cluster: dict[str, list[int]] = {}
         self._inc = None
+        # The last counterfactual step, kept so that commit() stores it instead of recomputing it;
+        # valid while _version (bumped by every commit and complete) is unchanged.
+        self._pending: tuple | None = None
+        self._version = 0
         if self.use_iconq:
             from sloctl.models.iconq import IncrementalIconq
 
@@ -92,6 +96,7 @@ class OnlinePredictor:
         twin.running = {k: copy.copy(v) for k, v in self.running.items()}
         twin._by_cluster = {k: list(v) for k, v in self._by_cluster.items()}
         twin._inc = self._inc.fork() if self._inc is not None else None
+        twin._pending = None
         return twin
 
     # -- features ------------------------------------------------------------
@@ -164,22 +169,27 @@ class OnlinePredictor:
             own.append(vec)
             base.append(np.log(stage_s))
         after = np.zeros(0)
+        step = None
         if keys:
             elapsed = np.array([max(0.0, now_s - self.running[k].arrival_s) for k in keys])
-            after = self._inc.peek_neighbour(keys, torch.from_numpy(np.concatenate(pairs)), elapsed)
+            step = self._inc.step_neighbour(keys, torch.from_numpy(np.concatenate(pairs)))
+            after = self._inc.guard_step(step, elapsed)
         width = max(lengths) if lengths else 0
         before_x = np.zeros((len(ids), width, self.predictor.net.config.pair_dim), np.float32)
         for i, b in enumerate(befores):
             before_x[i, : len(b)] = b
-        query_s = self._inc.peek_queries(torch.from_numpy(np.stack(own)), torch.from_numpy(before_x),
-                                         torch.tensor(lengths), torch.tensor(base))
-        position = 0
+        embedding = self._inc.embed_queries(torch.from_numpy(np.stack(own)), torch.from_numpy(before_x),
+                                            torch.tensor(lengths), torch.tensor(base))
+        query_s = embedding.raw_s
+        position, by_cluster = 0, {}
         for i, cid in enumerate(ids):
             running = self._by_cluster.get(cid, [])
             current = np.array([self.running[r].predicted_s for r in running])
             out[cid] = Counterfactual(float(query_s[i]), list(running), current,
                                       after[position:position + len(running)])
+            by_cluster[cid] = (clusters[cid], i, step.subset(position, position + len(running)) if running else None)
             position += len(running)
+        self._pending = (self._version, template, arrival_s, now_s, embedding, by_cluster)
         return out
 
     def commit(self, query_id: int, template: str, arrival_s: float, slo_s: float, cluster_id: str, size: int,
@@ -190,7 +200,19 @@ class OnlinePredictor:
         if query_id in self.running:
             raise ValueError(f"Query {query_id} is already running.")
         running = self._by_cluster.setdefault(cluster_id, [])
-        if self.use_iconq:
+        pending = self._pending
+        self._pending = None
+        if self.use_iconq and pending is not None and pending[:4] == (self._version, template, arrival_s, now_s) \
+                and pending[5].get(cluster_id, (None,))[0] == size:
+            # the router just asked about this very arrival: store the step it computed
+            _, _, _, _, embedding, by_cluster = pending
+            _, row, step = by_cluster[cluster_id]
+            if step is not None:
+                elapsed = np.array([max(0.0, now_s - self.running[r].arrival_s) for r in running])
+                for r, value in zip(running, self._inc.apply_neighbour(step, elapsed), strict=True):
+                    self.running[r].predicted_s = float(value)
+            predicted = self._inc.add_embedded(query_id, embedding, row)
+        elif self.use_iconq:
             info = [(self.running[r].template, self.running[r].arrival_s) for r in running]
             if running:
                 pairs, before = self._pair_blocks(info, (template, arrival_s), size)
@@ -208,6 +230,7 @@ class OnlinePredictor:
             predicted = self.isolated_s(template, size)
         self.running[query_id] = RunningQuery(query_id, template, cluster_id, size, arrival_s, slo_s, predicted)
         running.append(query_id)
+        self._version += 1
         return predicted
 
     def complete(self, query_id: int) -> None:
@@ -215,6 +238,7 @@ class OnlinePredictor:
         query = self.running.pop(query_id, None)
         if query is None:
             return
+        self._version += 1
         self._by_cluster[query.cluster_id].remove(query_id)
         if self._inc is not None:
             self._inc.remove(query_id)

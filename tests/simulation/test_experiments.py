@@ -53,3 +53,34 @@ def test_mean_delta_is_the_mean_relative_change_and_skips_zero_baselines():
     delta = mean_delta(results, "rr")["x"]
     assert delta["vr"] == pytest.approx(-0.5) and delta["n_vr"] == 1
     assert delta["cost"] == pytest.approx(0.0) and delta["n_cost"] == 2
+
+
+def test_commit_stores_the_routers_counterfactual_step_instead_of_recomputing_it(sim_log, iconq_plus):
+    """Routing then committing leaves the same predictions as committing from scratch."""
+    import numpy as np
+
+    from sloctl.models.online import OnlinePredictor
+
+    table = sim_log.drop_duplicates("template").reset_index(drop=True)
+    templates = table["template"].tolist()
+    reused, fresh = OnlinePredictor(iconq_plus, table), OnlinePredictor(iconq_plus, table)
+    sizes = {"a": 1, "b": 2}
+    rng = np.random.default_rng(0)
+    for qid in range(12):
+        now = 0.05 * qid
+        template, cid = templates[qid % len(templates)], ("a", "b")[int(rng.integers(2))]
+        if qid == 6:  # a completion between two arrivals invalidates nothing it should not
+            reused.complete(2), fresh.complete(2)
+        got_cf = reused.counterfactuals(template, now, sizes, now)
+        fresh.counterfactuals(template, now, sizes, now)
+        fresh._pending = None  # force the recomputing path
+        got = reused.commit(qid, template, now, 1.0, cid, sizes[cid], now)
+        want = fresh.commit(qid, template, now, 1.0, cid, sizes[cid], now)
+        assert got == pytest.approx(want, rel=1e-5)
+        assert got == pytest.approx(got_cf[cid].query_s, rel=1e-12)
+    for cid in sizes:
+        np.testing.assert_allclose([r.predicted_s for r in reused.running_on(cid)],
+                                   [r.predicted_s for r in fresh.running_on(cid)], rtol=1e-5)
+    # a stale step (another arrival time) is not reused
+    reused.counterfactuals(templates[0], 9.0, sizes, 9.0)
+    assert reused.commit(99, templates[0], 9.5, 1.0, "a", 1, 9.5) > 0
