@@ -28,10 +28,19 @@ from sloctl.models.online import OnlinePredictor
 from sloctl.training.registry import load_model
 
 
-def time_decisions(predictor, table, n_clusters: int, running: int, decisions: int, seed: int) -> np.ndarray:
+class _RecomputingPredictor(OnlinePredictor):
+    """The commit path before it stored the router's counterfactual step (for the side-by-side ratio)."""
+
+    def commit(self, *args, **kwargs):
+        self._pending = None
+        return super().commit(*args, **kwargs)
+
+
+def time_decisions(predictor, table, n_clusters: int, running: int, decisions: int, seed: int,
+                   recompute: bool = False) -> np.ndarray:
     rng = np.random.default_rng(seed)
     templates = table["template"].tolist()
-    model = OnlinePredictor(predictor, table)
+    model = (_RecomputingPredictor if recompute else OnlinePredictor)(predictor, table)
     router = IconqRouter(model)
     clusters = [ClusterState(f"c{i}", 1 + i % 2, BillingTimer(60.0)) for i in range(n_clusters)]
     qid, now = 0, 0.0
@@ -92,6 +101,12 @@ def main() -> None:
             if (n_clusters, running) == (4, 32):
                 target = p99
     print(f"4 clusters x 32 running: p99 {target:.2f} ms (target < 10 ms): {'OK' if target < 10 else 'ABOVE TARGET'}")
+    print("commit storing the router's step vs recomputing it (same run, same seed):")
+    for n_clusters, running in ((2, 8), (2, 16), (4, 32)):
+        reuse = np.percentile(time_decisions(predictor, table, n_clusters, running, args.decisions, args.seed), 50)
+        again = np.percentile(time_decisions(predictor, table, n_clusters, running, args.decisions, args.seed,
+                                             recompute=True), 50)
+        print(f"  {n_clusters} x {running}: p50 {reuse:.3f} ms vs {again:.3f} ms, ratio {reuse / again:.2f}")
 
 
 if __name__ == "__main__":
