@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from sloctl.control.router import Router
     from sloctl.models.predictor import LatencyPredictor
 
-__all__ = ["LiveResult", "live_autoscale_experiment", "live_router_experiment", "run_live"]
+__all__ = ["LiveResult", "live_autoscale_experiment", "live_router_experiment", "paired_rounds", "run_live"]
 
 #: Lead time between "every cluster is ready" and the run clock's zero.
 _LEAD_S = 0.05
@@ -382,7 +382,9 @@ def live_router_experiment(
         ``cost``), ``rounds`` (per round: ``seed`` and its ``results``),
         ``baseline``, ``mean_delta``, ``mean_delta_vs_inference_baseline``
         (the router against ``round-robin+inference``; None without it),
-        ``predictor_vs_live`` and ``time_scale``.
+        ``predictor_vs_live``, ``paired_rounds`` (the router against
+        round-robin round by round, with a bootstrap over rounds: see
+        :func:`paired_rounds`) and ``time_scale``.
     """
 
     from sloctl.control.router import IconqRouter, RoundRobinRouter, ShadowRoundRobinRouter
@@ -457,9 +459,37 @@ def live_router_experiment(
             mean_delta([{k: pooled[k] for k in ("round-robin+inference", "iconq+cost")}], "round-robin+inference")
             if shadow_baseline else None),
         "predictor_vs_live": predictor_error(predicted),
+        "paired_rounds": paired_rounds(per_round, "iconq+cost", "round-robin", seed=seed),
         "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": copies,
                        "n_queries": n_queries},
     }
+
+
+def paired_rounds(per_round: list[dict[str, Any]], approach: str, baseline: str, *, seed: int = 0,
+                  resamples: int = 10_000) -> dict[str, Any]:
+    """How ``approach`` fared against ``baseline`` round by round (the same arrivals within a round).
+
+    Returns the rounds where its VR was lower, equal and higher, and a
+    percentile bootstrap over rounds (``resamples`` draws, seeded) of the
+    pooled relative VR change: ``ci90`` is its 5th and 95th percentile and
+    ``p_lower`` the share of draws where the approach's pooled VR is lower.
+    Rounds are resampled whole, so each keeps its pairing.
+    """
+    import numpy as np
+
+    vr = np.array([[r["results"][approach]["vr"], r["results"][baseline]["vr"]] for r in per_round])
+    n = np.array([r["n_queries"] for r in per_round], dtype=float)
+    out: dict[str, Any] = {"approach": approach, "baseline": baseline, "rounds": len(per_round),
+                           "lower": int(np.sum(vr[:, 0] < vr[:, 1])), "equal": int(np.sum(vr[:, 0] == vr[:, 1])),
+                           "higher": int(np.sum(vr[:, 0] > vr[:, 1]))}
+    draws = np.random.default_rng(seed).integers(0, len(per_round), (resamples, len(per_round)))
+    violations = vr * n[:, None]  # (R, 2)
+    pooled = violations[draws].sum(axis=1)  # (resamples, 2)
+    ok = pooled[:, 1] > 0
+    rel = pooled[ok, 0] / pooled[ok, 1] - 1.0
+    out["ci90"] = [float(np.percentile(rel, 5)), float(np.percentile(rel, 95))] if rel.size else None
+    out["p_lower"] = float(np.mean(pooled[:, 0] < pooled[:, 1]))
+    return out
 
 
 def live_autoscale_experiment(

@@ -138,6 +138,12 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
         delta = shadow_delta["iconq+cost"]
         vr = f"VR {delta['vr']:+.1%}" if delta["n_vr"] else "VR n/a (baseline VR 0)"
         typer.echo(f"mean Δ vs round-robin+inference (same CPU cost): iconq+cost {vr}  cost {delta['cost']:+.1%}")
+    paired = result["paired_rounds"]
+    ci = (f"90% bootstrap interval over rounds {paired['ci90'][0]:+.1%} to {paired['ci90'][1]:+.1%}, "
+          if paired["ci90"] else "")
+    typer.echo(f"round by round vs {paired['baseline']}: {paired['approach']} lower in {paired['lower']}, "
+               f"equal in {paired['equal']}, higher in {paired['higher']} of {paired['rounds']}; "
+               f"{ci}lower in {paired['p_lower']:.0%} of draws")
 
 
 def _scaling(kind: str, log: Path, model: str, copies: int, seed: int, as_json: bool, config: Path | None) -> None:

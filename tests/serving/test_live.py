@@ -231,3 +231,21 @@ def test_live_autoscaler_spins_up_a_real_cluster_and_routes_to_it(tpch_db, tpch_
     assert (result.queries["cluster_id"] == new).any()  # routed to once ready
     assert set(result.cost_by_cluster) == {"c0", new}
     assert len(result.queries) == 30
+
+
+def test_paired_rounds_counts_rounds_and_bootstraps_the_pooled_change():
+    from sloctl.serving.live import paired_rounds
+
+    def rnd(a, b, n=40):
+        return {"n_queries": n, "results": {"router": {"vr": a}, "rr": {"vr": b}}}
+
+    better = [rnd(0.2, 0.3), rnd(0.1, 0.2), rnd(0.25, 0.25), rnd(0.3, 0.4), rnd(0.15, 0.3)]
+    out = paired_rounds(better, "router", "rr", seed=1)
+    assert (out["lower"], out["equal"], out["higher"], out["rounds"]) == (4, 1, 0, 5)
+    assert out["ci90"][1] < 0 and out["p_lower"] > 0.95
+    assert out == paired_rounds(better, "router", "rr", seed=1)  # seeded
+    mixed = [rnd(0.2, 0.3), rnd(0.4, 0.2), rnd(0.3, 0.3)]
+    out = paired_rounds(mixed, "router", "rr", seed=1)
+    assert (out["lower"], out["equal"], out["higher"]) == (1, 1, 1)
+    assert out["ci90"][0] < 0 < out["ci90"][1]
+    assert paired_rounds([rnd(0.0, 0.0)], "router", "rr")["ci90"] is None  # no baseline violation to compare
