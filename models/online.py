@@ -23,6 +23,7 @@ from sloctl.datasets.interactions import pair_vectors, self_vectors
 if TYPE_CHECKING:
     import pandas as pd
 
+    from sloctl.models.iconq import NeighbourStep, QueryEmbedding
     from sloctl.models.predictor import LatencyPredictor
 
 __all__ = ["Counterfactual", "OnlinePredictor", "RunningQuery"]
@@ -39,6 +40,18 @@ class RunningQuery:
     arrival_s: float
     slo_s: float
     predicted_s: float
+
+
+@dataclass(frozen=True)
+class _PendingStep:
+    """The last :meth:`OnlinePredictor.counterfactuals` answer, kept for the commit that follows it."""
+
+    version: int
+    template: str
+    arrival_s: float
+    now_s: float
+    embedding: QueryEmbedding
+    clusters: dict[str, tuple[int, int, NeighbourStep | None]]  # id -> (size, row in embedding, its step)
 
 
 @dataclass
@@ -81,7 +94,7 @@ class OnlinePredictor:
         self._inc = None
         # The last counterfactual step, kept so that commit() stores it instead of recomputing it;
         # valid while _version (bumped by every commit and complete) is unchanged.
-        self._pending: tuple | None = None
+        self._pending: _PendingStep | None = None
         self._version = 0
         if self.use_iconq:
             from sloctl.models.iconq import IncrementalIconq
@@ -189,7 +202,7 @@ class OnlinePredictor:
                                       after[position:position + len(running)])
             by_cluster[cid] = (clusters[cid], i, step.subset(position, position + len(running)) if running else None)
             position += len(running)
-        self._pending = (self._version, template, arrival_s, now_s, embedding, by_cluster)
+        self._pending = _PendingStep(self._version, template, arrival_s, now_s, embedding, by_cluster)
         return out
 
     def commit(self, query_id: int, template: str, arrival_s: float, slo_s: float, cluster_id: str, size: int,
@@ -202,16 +215,17 @@ class OnlinePredictor:
         running = self._by_cluster.setdefault(cluster_id, [])
         pending = self._pending
         self._pending = None
-        if self.use_iconq and pending is not None and pending[:4] == (self._version, template, arrival_s, now_s) \
-                and pending[5].get(cluster_id, (None,))[0] == size:
+        if self.use_iconq and pending is not None \
+                and (pending.version, pending.template, pending.arrival_s, pending.now_s) == (
+                    self._version, template, arrival_s, now_s) \
+                and pending.clusters.get(cluster_id, (None,))[0] == size:
             # the router just asked about this very arrival: store the step it computed
-            _, _, _, _, embedding, by_cluster = pending
-            _, row, step = by_cluster[cluster_id]
+            _, row, step = pending.clusters[cluster_id]
             if step is not None:
                 elapsed = np.array([max(0.0, now_s - self.running[r].arrival_s) for r in running])
                 for r, value in zip(running, self._inc.apply_neighbour(step, elapsed), strict=True):
                     self.running[r].predicted_s = float(value)
-            predicted = self._inc.add_embedded(query_id, embedding, row)
+            predicted = self._inc.add_embedded(query_id, pending.embedding, row)
         elif self.use_iconq:
             info = [(self.running[r].template, self.running[r].arrival_s) for r in running]
             if running:
