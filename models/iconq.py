@@ -356,17 +356,9 @@ class IncrementalIconq:
         if before_x.ndim != 2:
             raise ValueError(f"'before_x' must have shape (T, {net.config.pair_dim}), got {tuple(before_x.shape)}.")
         n_before = torch.tensor([before_x.shape[0]], device=p.device)
-        h_before = net.summarize(net.before_lstm, before_x.unsqueeze(0), n_before)  # (1, H)
-        slot = self._new_slot()
-        self._self_e[slot] = net.self_embed(self_x.unsqueeze(0))[0]
-        self._h_before[slot] = h_before[0]
-        self._h[slot] = 0.0
-        self._c[slot] = 0.0
-        self._base_log[slot] = float(base_log)
-        self._slot[key] = slot
-        raw_s = float(np.exp(float(self._raw_log(torch.tensor([slot], device=p.device))[0])))
-        self._guard_s[slot] = raw_s
-        return raw_s
+        embedding = self.embed_queries(self_x.unsqueeze(0), before_x.unsqueeze(0), n_before,
+                                       torch.tensor([float(base_log)], dtype=p.dtype, device=p.device))
+        return self.add_embedded(key, embedding, 0)
 
     def _step(self, slots: list[int], pair_x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """One after-LSTM step for ``slots``; returns (idx, h, c) without storing them."""
