@@ -34,8 +34,8 @@ from sloctl.simulation.server_sim import (
     simulate,
 )
 
-__all__ = ["APPROACHES", "admission_experiment", "capacity_per_s", "make_policy", "plot_admission",
-           "synthetic_workload"]
+__all__ = ["APPROACHES", "admission_experiment", "bus_loss_sensitivity", "capacity_per_s", "make_policy",
+           "plot_admission", "synthetic_workload"]
 
 APPROACHES = ("none", "single-queue", "seda", "protego", "svalinn")
 SLO_MULTIPLE = 3.0  # SLO = 3 × isolated service time, for both types
@@ -150,8 +150,34 @@ def _convergence(config, capacity, load, seed, change_s=0.1, end_s=0.25) -> dict
             "log": [(t, c, b) for t, c, b in log if change_s - 0.03 <= t <= change_s + 0.1]}
 
 
+def bus_loss_sensitivity(losses: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5), *, load_factor: float = 2.0,
+                         seed: int = 0, duration_s: float = 0.2) -> list[dict[str, Any]]:
+    """Svalinn ÷ single-queue goodput per type when an oversubscribed bus loses bandwidth.
+
+    For each γ in ``losses`` (:attr:`ServerConfig.oversubscription_loss`),
+    both approaches run the overload comparison on that machine; capacity and
+    SLOs stay those of the default machine (γ does not change a bus that is
+    not oversubscribed). Returns rows ``{"loss", "ratio": {type: …},
+    "single_queue_goodput_per_s": {…}, "svalinn_goodput_per_s": {…}}``.
+    """
+    base = ServerConfig()
+    types = synthetic_workload(config=base)
+    capacity, _ = capacity_per_s(types, base)
+    rows = []
+    for loss in losses:
+        config = dataclasses.replace(base, oversubscription_loss=float(loss))
+        good = {name: _summary(_run(name, types, config, capacity, load_factor, seed, duration_s)[0])["goodput_per_s"]
+                for name in ("single-queue", "svalinn")}
+        rows.append({"loss": float(loss),
+                     "ratio": {t: good["svalinn"][t] / good["single-queue"][t] if good["single-queue"][t] else math.inf
+                               for t in good["svalinn"]},
+                     "single_queue_goodput_per_s": good["single-queue"], "svalinn_goodput_per_s": good["svalinn"]})
+    return rows
+
+
 def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s: float = 0.2,
-                         loads: Sequence[float] = (0.5, 1, 1.5, 2, 2.5, 3)) -> dict[str, Any]:
+                         loads: Sequence[float] = (0.5, 1, 1.5, 2, 2.5, 3),
+                         bus_losses: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)) -> dict[str, Any]:
     """Run the overload comparison, the load sweep, the convergence and the drop-utility experiments.
 
     Args:
@@ -159,11 +185,12 @@ def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s:
         seed: seeds arrivals and every controller.
         duration_s: simulated seconds per run (the first quarter is warm-up).
         loads: loads of the sweep, × capacity.
+        bus_losses: γ values of :func:`bus_loss_sensitivity` (empty: skip it).
 
     Returns:
         ``{"overload": {"load_factor", "results": {approach: {"goodput_per_s",
         "p99_s", "drop_rate"}}}, "baseline": "single-queue", "convergence_ms",
-        "sweep": [...], "drop_utility": {...}}`` plus ``capacity_per_s``,
+        "sweep": [...], "drop_utility": {...}, "bus_loss_sensitivity": [...]}`` plus ``capacity_per_s``,
         ``slo_s`` and ``convergence`` (details of the convergence run).
     """
     from sloctl.control.credits import DropPenaltyUtility, ThroughputUtility
@@ -192,6 +219,8 @@ def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s:
     return {"overload": {"load_factor": float(load_factor), "results": overload}, "baseline": "single-queue",
             "convergence_ms": convergence["convergence_ms"], "sweep": sweep,
             "drop_utility": {"load_factor": DROP_LOAD_FACTOR, **drop_utility},
+            "bus_loss_sensitivity": bus_loss_sensitivity(bus_losses, load_factor=load_factor, seed=seed,
+                                                         duration_s=duration_s) if bus_losses else [],
             "capacity_per_s": capacity, "slo_s": {t.name: t.slo_s for t in types}, "convergence": convergence}
 
 

@@ -77,11 +77,24 @@ class RequestType:
 
 @dataclass(frozen=True)
 class ServerConfig:
-    """The machine: cores, memory bandwidth ``B`` and one thread's bandwidth ceiling (bytes/s)."""
+    """The machine: cores, memory bandwidth ``B`` and one thread's bandwidth ceiling (bytes/s).
+
+    ``oversubscription_loss`` (γ, default 0: the bus saturates without
+    degrading) makes an oversubscribed bus lose bandwidth: with the active
+    sections' ceilings summing to ``r × B`` for ``r > 1``, they share
+    ``B / (1 + γ (r − 1))``. It is a what-if knob for the comparison's
+    sensitivity, not a measured property of any machine.
+    """
 
     cores: int = 16
     bandwidth_bytes_per_s: float = 60e9
     thread_bytes_per_s: float = 10e9
+    oversubscription_loss: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.oversubscription_loss) and self.oversubscription_loss >= 0):
+            raise ValueError("The 'oversubscription_loss' field of ServerConfig must be a finite number >= 0, "
+                             f"got {self.oversubscription_loss!r}.")
 
 
 @dataclass(frozen=True)
@@ -434,6 +447,9 @@ class _Engine:
     def _rate_each(self) -> dict[Request, float]:
         """Max-min fair shares of ``B`` under each thread's ceiling (water-filling)."""
         left, n = self.config.bandwidth_bytes_per_s, len(self.mem_active)
+        if self.config.oversubscription_loss > 0:
+            demand = sum(_thread_cap(r.rtype, self.config) for r in self.mem_active) / left
+            left /= 1.0 + self.config.oversubscription_loss * max(0.0, demand - 1.0)
         rates = {}
         for req in sorted(self.mem_active, key=lambda r: _thread_cap(r.rtype, self.config)):
             rates[req] = min(_thread_cap(req.rtype, self.config), left / n)

@@ -275,6 +275,11 @@ def experiment_admission_cmd(
         if isinstance(row, dict):
             typer.echo(f"utility {label:<17} drop rate {row['drop_rate']:.1%}  throughput "
                        f"{row['throughput_per_s'] / 1e3:.1f}k/s")
+    if result["bus_loss_sensitivity"]:
+        typer.echo("what-if: an oversubscribed bus loses bandwidth (γ; 0 is the model above), svalinn ÷ single-queue:")
+        for row in result["bus_loss_sensitivity"]:
+            cells = "  ".join(f"{t} {r:.2f}x" for t, r in row["ratio"].items())
+            typer.echo(f"  γ {row['loss']:.1f}: {cells}")
 
 
 @experiment_app.command("history")

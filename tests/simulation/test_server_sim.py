@@ -45,6 +45,23 @@ def test_bandwidth_saturation_slows_memory_requests_and_keeps_cores_busy():
     assert heavy.utilisation > 0.95  # sixteen cores busy, yet only six sections' worth of bytes move
 
 
+def test_an_oversubscribed_bus_loses_the_configured_share_only_when_asked():
+    import dataclasses
+
+    mem = RequestType("mem", "be", cpu_s=1e-6, mem_bytes=600e3, slo_s=1.0)
+    heavy = 3.0 * CONFIG.bandwidth_bytes_per_s / mem.mem_bytes  # the sixteen cores all end up in memory sections
+    lossy = dataclasses.replace(CONFIG, oversubscription_loss=0.2)
+    plain = simulate([mem], AdmitAll(), rate_per_s=heavy, duration_s=0.05, warmup_s=0.01)
+    hurt = simulate([mem], AdmitAll(), rate_per_s=heavy, duration_s=0.05, warmup_s=0.01, config=lossy)
+    assert plain.bandwidth_bytes_per_s == pytest.approx(CONFIG.bandwidth_bytes_per_s, rel=0.02)
+    # 16 sections asking 10 GB/s each of a 60 GB/s bus: r = 8/3, so the bus keeps 1 / (1 + 0.2 * 5/3)
+    assert hurt.bandwidth_bytes_per_s == pytest.approx(CONFIG.bandwidth_bytes_per_s / (1 + 0.2 * 5 / 3), rel=0.03)
+    light = simulate([mem], AdmitAll(), rate_per_s=0.05 * heavy, duration_s=0.05, warmup_s=0.01, config=lossy)
+    assert light.p_latency_s("mem", 0.5) == pytest.approx(isolated_service_s(mem, CONFIG), rel=0.05)  # not below
+    with pytest.raises(ValueError, match="oversubscription_loss"):
+        ServerConfig(oversubscription_loss=-0.1)
+
+
 def test_cpu_only_throughput_at_saturation_is_cores_over_cpu_time():
     cpu = RequestType("cpu", "be", cpu_s=100e-6, slo_s=10.0)
     result = simulate([cpu], AdmitAll(), rate_per_s=1.5 * CONFIG.cores / cpu.cpu_s, duration_s=0.06,
