@@ -20,9 +20,11 @@ demo: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python tools/check_layers.py
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/python tools/check_layers.py
 	$(BIN)/pytest -m "not slow"
 
 test-slow: $(STAMP)

@@ -34,8 +34,8 @@ from sloctl.datasets.collect import collect, concat_logs
 from sloctl.datasets.querylog import read_log, write_log
 from sloctl.datasets.tpc import ensure_database, load_templates
 from sloctl.datasets.workloads import base_workload, isolated_workload, phased_workload
+from sloctl.models.batches import collate_rows
 from sloctl.models.iconq import IncrementalIconq
-from sloctl.training.batches import collate_rows
 from sloctl.training.pipeline import train_iconq, train_stage
 
 LOG_PATH = Path("reports/bench_latency_log.parquet")
@@ -148,7 +148,7 @@ def main() -> None:
     verdict = "OK" if ratio <= 0.7 else "ABOVE TARGET"
     print(f"Iconq+ p90 / Stage-only p90 on queries with neighbours: {ratio:.2f} (target <= 0.70): {verdict}")
 
-    from sloctl.training.artifacts import save_predictor
+    from sloctl.registry.bundles import save_predictor
 
     save_predictor(iconq_plus.predictor, BUNDLE_PATH)
     print(f"saved the Iconq+ model to {BUNDLE_PATH} (used by bench_router.py)")

@@ -25,7 +25,7 @@ from sloctl.control.billing import BillingTimer
 from sloctl.control.router import ClusterState, IconqRouter, Query, RoundRobinRouter
 from sloctl.datasets.querylog import read_log
 from sloctl.models.online import OnlinePredictor
-from sloctl.training.registry import load_model
+from sloctl.registry.store import load_model
 
 
 class _RecomputingPredictor(OnlinePredictor):

@@ -71,8 +71,8 @@ def _cfg(tracking_uri: str, state_db: str) -> Any:
 def prepare(folder: Path) -> dict[str, str]:
     """Train and register a tiny Iconq+ model; write the templates log. Returns the server's arguments."""
     from sloctl.datasets.querylog import write_log
+    from sloctl.registry.store import register
     from sloctl.training.pipeline import train_iconq
-    from sloctl.training.registry import register
 
     log = synthetic_log()
     uri = f"sqlite:///{folder / 'mlflow.db'}"

@@ -1,7 +1,5 @@
-"""Decision policies shared by live and simulated runs, and the interfaces they drive."""
+"""Decision policies shared by live and simulated runs, and the small interfaces they drive.
 
-from __future__ import annotations
-
-from sloctl.control.pool import ClusterInfo, ClusterPool, QueryCompletion, QueryRequest
-
-__all__ = ["ClusterInfo", "ClusterPool", "QueryCompletion", "QueryRequest"]
+The cluster-pool interface they drive lives with the warehouse adapters, in
+:mod:`sloctl.datasets.pool`.
+"""

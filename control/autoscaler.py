@@ -41,6 +41,7 @@ __all__ = [
     "ScalingAction",
     "ObservationWindows",
     "QueueTrigger",
+    "RelativeAutoscalerSettings",
     "SizingOutcome",
     "SpinupTrigger",
     "find_best_spinup_size",
@@ -88,6 +89,55 @@ class AutoscalerConfig:
         if not self.candidate_sizes or min(self.candidate_sizes) < 1:
             raise ValueError(f"The 'candidate_sizes' parameter of AutoscalerConfig must hold sizes >= 1, "
                              f"got {self.candidate_sizes!r}.")
+
+
+@dataclass(frozen=True)
+class RelativeAutoscalerSettings:
+    """Autoscaler knobs in units of a workload's mean isolated latency ℓ̄ on size 1.
+
+    AutoSLO's defaults (60 s billing minimum, 300 s spin-up, ...) are set
+    against its queries' latencies; on a workload whose queries take
+    milliseconds the same ratios are kept by scaling each knob by ℓ̄.
+    :meth:`config` turns them into an :class:`AutoscalerConfig` in seconds.
+
+    Attributes:
+        minimum_s, spinup_delay_s, window_s, t_idle_s, t_min_lifetime_s:
+            billing minimum ``m``, ``δ``, ``w``, ``T_idle``, ``T_min_lifetime``,
+            each in units of ℓ̄.
+        theta, tau_trigger, tau_target, mu, candidate_sizes: as in
+            :class:`AutoscalerConfig` (no unit).
+    """
+
+    minimum_s: float = 5.0
+    spinup_delay_s: float = 20.0
+    window_s: float = 20.0
+    t_idle_s: float = 50.0
+    t_min_lifetime_s: float = 200.0
+    theta: int = 10
+    tau_trigger: float = 0.1
+    tau_target: float = 0.05
+    mu: int = 20
+    candidate_sizes: tuple[int, ...] = (1, 2)
+
+    def config(self, mean_iso: float, *, candidate_sizes: tuple[int, ...] | None = None,
+               spinup_delay_s: float | None = None, max_clusters: int = 4) -> AutoscalerConfig:
+        """The :class:`AutoscalerConfig` in seconds for a workload whose ℓ̄ is ``mean_iso``.
+
+        Args:
+            mean_iso: ℓ̄, seconds.
+            candidate_sizes: overrides :attr:`candidate_sizes`.
+            spinup_delay_s: overrides the spin-up delay, in seconds (not units).
+            max_clusters: never hold more clusters than this.
+        """
+        if not mean_iso > 0:
+            raise ValueError(f"The 'mean_iso' parameter of RelativeAutoscalerSettings.config must be > 0, "
+                             f"got {mean_iso!r}.")
+        return AutoscalerConfig(
+            window_s=self.window_s * mean_iso, t_idle_s=self.t_idle_s * mean_iso,
+            t_min_lifetime_s=self.t_min_lifetime_s * mean_iso, theta=self.theta, tau_trigger=self.tau_trigger,
+            mu=self.mu, tau_target=self.tau_target, candidate_sizes=candidate_sizes or self.candidate_sizes,
+            spinup_delay_s=spinup_delay_s if spinup_delay_s is not None else self.spinup_delay_s * mean_iso,
+            max_clusters=max_clusters)
 
 
 @dataclass

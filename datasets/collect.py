@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sloctl.control.pool import ClusterPool, QueryRequest
+from sloctl.core.errors import WorkloadError
 from sloctl.datasets.plan_features import sql_hash
-from sloctl.errors import WorkloadError
+from sloctl.datasets.pool import ClusterPool, QueryRequest
 
 if TYPE_CHECKING:
     import pandas as pd

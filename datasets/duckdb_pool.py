@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sloctl.control.pool import ClusterInfo, QueryCompletion, QueryRequest
-from sloctl.errors import ClusterPoolError
+from sloctl.core.errors import ClusterPoolError
+from sloctl.datasets.pool import ClusterInfo, QueryCompletion, QueryRequest
 
 __all__ = ["DuckDBClusterPool"]
 
@@ -50,7 +50,7 @@ class _Cluster:
 
 
 class DuckDBClusterPool:
-    """:class:`~sloctl.control.ClusterPool` over a DuckDB database file.
+    """:class:`~sloctl.datasets.pool.ClusterPool` over a DuckDB database file.
 
     Args:
         db_path: the database (opened read-only by every cluster).

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sloctl.core.errors import WorkloadError
 from sloctl.datasets.reservoir import HOUR_S, Reservoir, as_date
-from sloctl.errors import WorkloadError
 
 if TYPE_CHECKING:
     import numpy as np

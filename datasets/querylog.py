@@ -32,8 +32,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sloctl.core.errors import QueryLogError
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, PLAN_FEATURES
-from sloctl.errors import QueryLogError
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -29,7 +29,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sloctl.errors import QueryLogError
+from sloctl.core.errors import QueryLogError
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -30,7 +30,7 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sloctl.errors import WorkloadError
+from sloctl.core.errors import WorkloadError
 
 if TYPE_CHECKING:
     import pandas as pd

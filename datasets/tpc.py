@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sloctl.errors import WorkloadError
+from sloctl.core.errors import WorkloadError
 
 __all__ = ["BENCHMARKS", "Template", "database_path", "ensure_database", "load_templates"]
 

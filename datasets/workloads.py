@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sloctl.errors import WorkloadError
+from sloctl.core.errors import WorkloadError
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from sloctl.config import WorkloadConfig
+    from sloctl.core.config import WorkloadConfig
     from sloctl.datasets.tpc import Template
 
 __all__ = [

@@ -4,7 +4,7 @@
 the plan-feature scaler, and (for concurrency-aware variants) the trained
 :class:`~sloctl.models.iconq.IconqNet` — and predicts every query of a
 log-shaped frame given its neighbours in that frame. Pure computation, no I/O
-(saving and loading live in :mod:`sloctl.training.artifacts`).
+(saving and loading live in :mod:`sloctl.registry.bundles`).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ class LatencyPredictor:
         """Iconq log-latency predictions given precomputed Stage predictions."""
         import torch
 
-        from sloctl.training.batches import collate_rows
+        from sloctl.models.batches import collate_rows
 
         if neighbours == "auto":
             known = "end_s" in frame.columns and np.isfinite(frame["end_s"].to_numpy(dtype=float)).all()

@@ -32,7 +32,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from sloctl.errors import SloctlError
+from sloctl.core.errors import SloctlError
 
 __all__ = [
     "NetworkError",

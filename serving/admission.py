@@ -113,7 +113,7 @@ class AdmissionMiddleware:
     def from_registry(cls, app: Callable, *, tracking_uri: str, uri: str = "models:/admission-policy@champion",
                       settings: AdmissionSettings | None = None) -> AdmissionMiddleware:
         """A middleware configured from the registered admission policy (by alias)."""
-        from sloctl.training.registry import load_policy
+        from sloctl.registry.store import load_policy
 
         return cls.from_policy(app, load_policy(uri, tracking_uri=tracking_uri), settings)
 

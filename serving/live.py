@@ -4,9 +4,8 @@
 replays queries open-loop at their arrival times, asks a router
 (:mod:`sloctl.control.router`) where each one runs, and bills every cluster
 with the same :class:`~sloctl.control.billing.BillingTimer` the simulator
-uses. :func:`live_router_experiment` compares round-robin with the Iconq+
-router (AutoSLO Algorithm 1) on the same seeded arrivals, one fresh pool per
-router.
+uses. The live comparisons built on it are in
+:mod:`sloctl.experiments.live_warehouse`.
 
 All times are seconds on one run clock whose zero is a start instant taken
 after every cluster is ready (a short lead ahead, so the first arrival is not
@@ -25,9 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from sloctl.control.autoscaler import ClusterView
 from sloctl.control.billing import BillingTimer
-from sloctl.control.pool import QueryRequest
 from sloctl.control.router import ClusterState, Query
-from sloctl.errors import ClusterPoolError
+from sloctl.core.errors import ClusterPoolError
+from sloctl.datasets.pool import QueryRequest
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,7 +35,7 @@ if TYPE_CHECKING:
     from sloctl.control.router import Router
     from sloctl.models.predictor import LatencyPredictor
 
-__all__ = ["LiveResult", "live_autoscale_experiment", "live_router_experiment", "paired_rounds", "run_live"]
+__all__ = ["HttpRouter", "LiveResult", "live_setup", "run_live", "run_live_through_service", "torch_threads"]
 
 #: Lead time between "every cluster is ready" and the run clock's zero.
 _LEAD_S = 0.05
@@ -126,7 +125,7 @@ def run_live(
         db_path: the DuckDB database every cluster opens read-only.
         queries: the arrivals (``arrival_s`` on the run clock, SLOs in seconds).
         clusters: ``(cluster_id, size)`` of the clusters to spin up; they need
-            ``Σ size`` free cores (else :class:`~sloctl.errors.ClusterPoolError`).
+            ``Σ size`` free cores (else :class:`~sloctl.core.errors.ClusterPoolError`).
         router: the routing policy, used exactly as in simulation.
         price_per_unit_s: price of one size unit per second.
         minimum_s: billing minimum window (``m``).
@@ -277,25 +276,16 @@ def _check_alive(pool: Any, busy: set[str]) -> None:
             raise ClusterPoolError(f"Cluster {info.cluster_id!r} is {info.state} with queries in flight.")
 
 
-def _isolated_medians(log: pd.DataFrame, size: int) -> dict[str, float]:
-    """Median latency of each template run alone on ``size`` (ok rows)."""
-    from sloctl.datasets.analysis import overlap_counts
-
-    ok = log[log["status"] == "ok"].copy()
-    ok = ok[(overlap_counts(ok).to_numpy() == 0) & (ok["cluster_size"] == size)]
-    return ok.groupby("template")["latency_s"].median().to_dict()
-
-
-def _live_setup(log: pd.DataFrame) -> tuple[dict[str, str], dict[str, float], list[str], float, pd.DataFrame]:
+def live_setup(log: pd.DataFrame) -> tuple[dict[str, str], dict[str, float], list[str], float, pd.DataFrame]:
     """SQL per TPC-H template, SLO references, usable templates, time unit ℓ̄ and feature table."""
     import numpy as np
 
+    from sloctl.datasets.slo import isolated_medians, slo_baselines
     from sloctl.datasets.tpc import load_templates
-    from sloctl.simulation.experiments import slo_baselines
 
     sql = {t.name: t.sql for t in load_templates("tpch")}
     slo_ref = slo_baselines(log, 1)
-    isolated = _isolated_medians(log, 1)
+    isolated = isolated_medians(log, 1)
     templates = sorted(t for t in slo_ref if t in sql and t in isolated)
     if not templates:
         raise ValueError("The log has no TPC-H template with an isolated run on size 1; "
@@ -306,7 +296,7 @@ def _live_setup(log: pd.DataFrame) -> tuple[dict[str, str], dict[str, float], li
 
 
 @contextlib.contextmanager
-def _torch_threads(n: int) -> Iterator[None]:
+def torch_threads(n: int) -> Iterator[None]:
     """Run the block with ``n`` intra-op torch threads, then restore the setting.
 
     The router runs in this process, on the same cores as the clusters. With
@@ -322,250 +312,6 @@ def _torch_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
-
-
-def live_router_experiment(
-    db_path: str | Path,
-    log: pd.DataFrame,
-    predictor: LatencyPredictor,
-    *,
-    clusters: tuple[tuple[str, int], ...] = (("c0", 1), ("c1", 1)),
-    load: float = 0.85,
-    kappa: float = 2.0,
-    copies: int = 2,
-    seed: int = 0,
-    slo_margin: float = 0.3,
-    cost_tolerance: float = 3.0,
-    minimum_s_factor: float = 5.0,
-    rounds: int = 3,
-    shadow_baseline: bool = True,
-    on_progress: Callable[[str, int, int], None] | None = None,
-) -> dict[str, Any]:
-    """Round-robin vs the Iconq+ router on live clusters, on the same arrivals.
-
-    The comparison runs ``rounds`` times, on workload seeds ``seed``,
-    ``seed + 1``, ...; within a round both routers replay the same arrivals,
-    and the order rotates between rounds so that drift in the machine's
-    background load does not favour one of them. With ``shadow_baseline``,
-    a third approach, ``round-robin+inference``
-    (:class:`~sloctl.control.router.ShadowRoundRobinRouter`), places like
-    round-robin while running the router's inference: where the router
-    shares cores with the clusters, it pays the same CPU time. VR is pooled over rounds
-    (violations / queries) and cost summed; ``rounds`` in the result keeps each
-    round's figures.
-
-    One seeded BaseWorkload(λ) over the TPC-H templates with isolated runs on
-    size 1 in ``log``: SLO = ``kappa ×`` each template's largest isolated
-    latency on size 1, ``λ = load × Σ sizes / ℓ̄`` and the billing minimum
-    ``minimum_s_factor × ℓ̄``, where ``ℓ̄`` is the mean (over templates) of the
-    median isolated latency on size 1 — the time scale of
-    :func:`sloctl.simulation.experiments.router_experiment`.
-
-    Args:
-        db_path: the TPC-H database the log was collected on.
-        log: query log with isolated runs on size 1 (SLOs, time scale, plan features).
-        predictor: an Iconq+ predictor (chronological after-pass).
-        clusters: ``(cluster_id, size)`` of the live clusters.
-        load: offered load as a fraction of the clusters' cores.
-        kappa: SLO multiplier.
-        copies: copies of every template in the workload.
-        seed: seed of the first round's workload.
-        slo_margin, cost_tolerance: the Iconq+ router's settings.
-        minimum_s_factor: billing minimum window in units of ``ℓ̄``.
-        rounds: repetitions, each on its own seeded workload.
-        shadow_baseline: also run ``round-robin+inference``.
-        on_progress: ``(approach, finished, total)`` after every completion.
-
-    Returns:
-        A JSON-ready dict: ``live``, ``lambda``, ``load``, ``kappa``,
-        ``clusters`` (sizes), ``results`` (approach -> pooled ``vr``, total
-        ``cost``), ``rounds`` (per round: ``seed`` and its ``results``),
-        ``baseline``, ``mean_delta``, ``mean_delta_vs_inference_baseline``
-        (the router against ``round-robin+inference``; None without it),
-        ``predictor_vs_live``, ``paired_rounds`` (the router against
-        round-robin round by round, with a bootstrap over rounds: see
-        :func:`paired_rounds`) and ``time_scale``.
-    """
-
-    from sloctl.control.router import IconqRouter, RoundRobinRouter, ShadowRoundRobinRouter
-    from sloctl.datasets.tpc import Template
-    from sloctl.datasets.workloads import base_workload
-    from sloctl.models.online import OnlinePredictor
-    from sloctl.simulation.experiments import mean_delta, predictor_error
-
-    if not (math.isfinite(load) and load > 0):
-        raise ValueError(f"The 'load' parameter of live_router_experiment must be > 0, got {load!r}.")
-    if not (math.isfinite(kappa) and kappa > 0):
-        raise ValueError(f"The 'kappa' parameter of live_router_experiment must be > 0, got {kappa!r}.")
-    if rounds < 1:
-        raise ValueError(f"The 'rounds' parameter of live_router_experiment must be >= 1, got {rounds!r}.")
-    sql, slo_ref, templates, mean_iso, table = _live_setup(log)
-    cores = sum(size for _, size in clusters)
-    rate = load * cores / mean_iso
-    minimum_s = minimum_s_factor * mean_iso
-    sizes = dict(clusters)
-
-    warm = OnlinePredictor(predictor, table)
-    for t in templates:  # Stage estimates and features up front, so routing never waits for them
-        for size in set(sizes.values()):
-            warm.features(t, size)
-    warm.counterfactuals(templates[0], 0.0, sizes, 0.0)  # warm the network; changes nothing
-
-    def iconq_router() -> IconqRouter:  # fresh running state per run, features shared
-        return IconqRouter(warm.fork(), slo_margin=slo_margin, cost_tolerance=cost_tolerance)
-
-    per_round: list[dict[str, Any]] = []
-    totals: dict[str, dict[str, float]] = {}
-    predicted: list[pd.DataFrame] = []
-    n_queries = 0
-    with _torch_threads(1):
-        for r in range(rounds):
-            workload = base_workload([Template(t, sql[t]) for t in templates], rate, copies, seed=seed + r)
-            queries = [Query(i, q.template, q.arrival_s, kappa * slo_ref[q.template])
-                       for i, q in enumerate(workload.queries)]
-            n_queries += len(queries)
-            makers = [("round-robin", RoundRobinRouter), ("iconq+cost", iconq_router)]
-            if shadow_baseline:
-                makers.append(("round-robin+inference", lambda: ShadowRoundRobinRouter(iconq_router())))
-            results: dict[str, dict[str, float]] = {}
-            for name, make in makers[r % len(makers):] + makers[:r % len(makers)]:
-                def progress(done: int, total: int, name: str = name) -> None:
-                    if on_progress is not None:
-                        on_progress(name, done, total)
-
-                outcome = run_live(db_path, queries, list(clusters), make(), minimum_s=minimum_s,
-                                   sql_by_template=sql, on_progress=progress)
-                results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost}
-                if name == "iconq+cost":
-                    predicted.append(outcome.queries[["predicted_s", "latency_s"]])
-                total = totals.setdefault(name, {"violations": 0.0, "n": 0, "cost": 0.0})
-                total["violations"] += float(outcome.queries["violated"].sum())
-                total["n"] += len(outcome.queries)
-                total["cost"] += outcome.cost
-            per_round.append({"seed": seed + r, "n_queries": len(queries), "results": results})
-    pooled = {name: {"vr": totals[name]["violations"] / max(totals[name]["n"], 1), "cost": totals[name]["cost"]}
-              for name, _ in makers}
-    return {
-        "live": True,
-        "lambda": rate,
-        "load": load,
-        "kappa": kappa,
-        "clusters": [size for _, size in clusters],
-        "results": pooled,
-        "rounds": per_round,
-        "baseline": "round-robin",
-        "mean_delta": mean_delta([pooled], "round-robin"),
-        "mean_delta_vs_inference_baseline": (
-            mean_delta([{k: pooled[k] for k in ("round-robin+inference", "iconq+cost")}], "round-robin+inference")
-            if shadow_baseline else None),
-        "predictor_vs_live": predictor_error(predicted),
-        "paired_rounds": paired_rounds(per_round, "iconq+cost", "round-robin", seed=seed),
-        "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": copies,
-                       "n_queries": n_queries},
-    }
-
-
-def paired_rounds(per_round: list[dict[str, Any]], approach: str, baseline: str, *, seed: int = 0,
-                  resamples: int = 10_000) -> dict[str, Any]:
-    """How ``approach`` fared against ``baseline`` round by round (the same arrivals within a round).
-
-    Returns the rounds where its VR was lower, equal and higher, and a
-    percentile bootstrap over rounds (``resamples`` draws, seeded) of the
-    pooled relative VR change: ``ci90`` is its 5th and 95th percentile and
-    ``p_lower`` the share of draws where the approach's pooled VR is lower.
-    Rounds are resampled whole, so each keeps its pairing.
-    """
-    import numpy as np
-
-    vr = np.array([[r["results"][approach]["vr"], r["results"][baseline]["vr"]] for r in per_round])
-    n = np.array([r["n_queries"] for r in per_round], dtype=float)
-    out: dict[str, Any] = {"approach": approach, "baseline": baseline, "rounds": len(per_round),
-                           "lower": int(np.sum(vr[:, 0] < vr[:, 1])), "equal": int(np.sum(vr[:, 0] == vr[:, 1])),
-                           "higher": int(np.sum(vr[:, 0] > vr[:, 1]))}
-    draws = np.random.default_rng(seed).integers(0, len(per_round), (resamples, len(per_round)))
-    violations = vr * n[:, None]  # (R, 2)
-    pooled = violations[draws].sum(axis=1)  # (resamples, 2)
-    ok = pooled[:, 1] > 0
-    rel = pooled[ok, 0] / pooled[ok, 1] - 1.0
-    out["ci90"] = [float(np.percentile(rel, 5)), float(np.percentile(rel, 95))] if rel.size else None
-    out["p_lower"] = float(np.mean(pooled[:, 0] < pooled[:, 1]))
-    return out
-
-
-def live_autoscale_experiment(
-    db_path: str | Path,
-    log: pd.DataFrame,
-    predictor: LatencyPredictor,
-    *,
-    load: float = 1.4,
-    kappa: float = 3.0,
-    copies: int = 3,
-    seed: int = 0,
-    slo_margin: float = 0.3,
-    cost_tolerance: float = 1.0,
-    minimum_s_factor: float = 5.0,
-    warmup_s: float = 1.0,
-    on_progress: Callable[[str, int, int], None] | None = None,
-) -> dict[str, Any]:
-    """One live scenario of the trigger experiment: a size-1 cluster under overload.
-
-    The Iconq+ router alone (no-op) against the same router with the
-    Autoscaler (observed + projected trigger, Spinup Size Selector over the
-    sizes that fit the free cores, teardown) on the same seeded arrivals.
-    Spin-ups are real processes; ``warmup_s`` is added to each, and the
-    autoscaler plans with that delay (plus the measured process start).
-    """
-    import os
-
-    from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
-    from sloctl.control.router import IconqRouter
-    from sloctl.datasets.tpc import Template
-    from sloctl.datasets.workloads import base_workload
-    from sloctl.models.online import OnlinePredictor
-    from sloctl.simulation.experiments import ScalingExperimentConfig, autoscaler_config, mean_delta
-
-    free = len(os.sched_getaffinity(0)) - 1
-    if free < 1:
-        raise ClusterPoolError("The live autoscaling experiment needs at least 2 cores (one to start on, one to add).")
-    sql, slo_ref, templates, mean_iso, table = _live_setup(log)
-    rate = load / mean_iso
-    minimum_s = minimum_s_factor * mean_iso
-    workload = base_workload([Template(t, sql[t]) for t in templates], rate, copies, seed=seed)
-    queries = [Query(i, q.template, q.arrival_s, kappa * slo_ref[q.template]) for i, q in enumerate(workload.queries)]
-    cfg = ScalingExperimentConfig()
-    sizes = tuple(s for s in (1, 2) if s <= free)
-    config = autoscaler_config(cfg, mean_iso, candidate_sizes=sizes, spinup_delay_s=warmup_s + 0.1, max_clusters=2)
-
-    def make_router(model: Any) -> IconqRouter:
-        return IconqRouter(model, slo_margin=slo_margin, cost_tolerance=cost_tolerance)
-
-    results: dict[str, dict[str, Any]] = {}
-    with _torch_threads(1):
-        for name in ("no-op", "ours"):
-            online = OnlinePredictor(predictor, table)
-            for t in templates:
-                for size in (1, *sizes):
-                    online.features(t, size)
-            router = make_router(online)
-            autoscaler = None
-            if name == "ours":
-                autoscaler = Autoscaler(config, SpinupTrigger(cfg.theta, cfg.tau_trigger), router, make_router,
-                                        mode="add", minimum_s=minimum_s)
-
-            def progress(done: int, total: int, name: str = name) -> None:
-                if on_progress is not None:
-                    on_progress(name, done, total)
-
-            outcome = run_live(db_path, queries, [("c0", 1)], router, minimum_s=minimum_s, sql_by_template=sql,
-                               on_progress=progress, autoscaler=autoscaler, warmup_s=warmup_s)
-            results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost,
-                             "spin_ups": sum(e["event"] == "spin_up" for e in outcome.events),
-                             "events": outcome.events}
-    return {"live": True, "lambda": rate, "load": load, "kappa": kappa, "clusters": [1], "results": results,
-            "baseline": "no-op",
-            "mean_delta": mean_delta([{k: {"vr": v["vr"], "cost": v["cost"]} for k, v in results.items()}], "no-op"),
-            "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "n_queries": len(queries),
-                           "warmup_s": warmup_s}}
 
 
 class HttpRouter:
@@ -637,26 +383,24 @@ def run_live_through_service(url: str, token: str | None, db_path: str | Path, l
 
     import httpx
 
-    from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
+    from sloctl.control.autoscaler import Autoscaler, RelativeAutoscalerSettings, SpinupTrigger
     from sloctl.control.router import IconqRouter
     from sloctl.datasets.tpc import Template
     from sloctl.datasets.workloads import base_workload
     from sloctl.models.online import OnlinePredictor
-    from sloctl.simulation.experiments import ScalingExperimentConfig, autoscaler_config
 
-    sql, slo_ref, templates, mean_iso, table = _live_setup(log)
+    sql, slo_ref, templates, mean_iso, table = live_setup(log)
     workload = base_workload([Template(t, sql[t]) for t in templates], load / mean_iso, copies, seed=seed)
     queries = [Query(i, q.template, q.arrival_s, kappa * slo_ref[q.template]) for i, q in enumerate(workload.queries)]
     minimum_s = 5.0 * mean_iso
-    with httpx.Client(base_url=url, timeout=30) as client, _torch_threads(1):
+    with httpx.Client(base_url=url, timeout=30) as client, torch_threads(1):
         router = HttpRouter(client, token, OnlinePredictor(predictor, table))
         autoscaler = None
         if autoscale:
             free = len(os.sched_getaffinity(0)) - 1
             sizes = tuple(s for s in (1, 2) if s <= max(free, 1))
-            cfg = ScalingExperimentConfig()
-            config = autoscaler_config(cfg, mean_iso, candidate_sizes=sizes, spinup_delay_s=warmup_s + 0.1,
-                                       max_clusters=2)
+            cfg = RelativeAutoscalerSettings()
+            config = cfg.config(mean_iso, candidate_sizes=sizes, spinup_delay_s=warmup_s + 0.1, max_clusters=2)
             autoscaler = Autoscaler(config, SpinupTrigger(cfg.theta, cfg.tau_trigger), router,
                                     lambda model: IconqRouter(model), mode="add", minimum_s=minimum_s)
         outcome = run_live(db_path, queries, [("c0", 1)], router, minimum_s=minimum_s, sql_by_template=sql,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sloctl.errors import SyncError
+from sloctl.core.errors import SyncError
 from sloctl.serving.envoy import ROUTE_CONFIG_TYPE, envoy_bootstrap, route_config_name, write_rds_file
 
 __all__ = ["SyncError", "SyncResult", "bootstrap_from_rds", "read_rds_file", "run_sync", "sync_once"]

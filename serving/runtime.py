@@ -67,7 +67,7 @@ class ModelSlot:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
-        from sloctl.training.registry import connect, load_model, load_policy
+        from sloctl.registry.store import connect, load_model, load_policy
 
         name, alias = _parse_uri(self.uri)
         try:

@@ -118,7 +118,7 @@ _PREDICTORS: dict[str, Any] = {}
 def _load_predictor(folder: str) -> Any:
     # once per process: workers never receive a model, only its folder
     if folder not in _PREDICTORS:
-        from sloctl.training.artifacts import load_predictor
+        from sloctl.registry.bundles import load_predictor
 
         _PREDICTORS[folder] = load_predictor(folder)
     return _PREDICTORS[folder]
@@ -133,7 +133,7 @@ class WarehouseRunner:
         minimum_s, price_per_unit_s: billing.
         router: ``round-robin``, ``stage`` (Stage + cost) or ``iconq`` (Iconq+).
         predictor_dir: folder written by
-            :func:`~sloctl.training.artifacts.save_predictor` (model-based routers).
+            :func:`~sloctl.registry.bundles.save_predictor` (model-based routers).
         table: feature table of the templates (model-based routers).
         trigger: reactive spin-up trigger, ``spinup`` (Algorithm 2) or ``queue``
             (Queue@N); used when the configuration has autoscaler parameters.

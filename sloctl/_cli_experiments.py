@@ -44,8 +44,8 @@ def experiment_router_cmd(
     routers, the same seeded arrivals, one fresh pool per router.
     """
     from sloctl.datasets.querylog import read_log
-    from sloctl.simulation.experiments import RouterExperimentConfig, router_experiment
-    from sloctl.training.registry import load_model
+    from sloctl.experiments.warehouse import RouterExperimentConfig, router_experiment
+    from sloctl.registry.store import load_model
 
     if copies < 1:
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
@@ -96,8 +96,8 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
                             load: float, kappa: float, shadow: bool, as_json: bool, cfg: SloctlConfig) -> None:
     """``experiment router --live``: round-robin vs Iconq+ on live DuckDB clusters."""
     from sloctl.datasets.querylog import read_log
-    from sloctl.serving.live import live_router_experiment
-    from sloctl.training.registry import load_model
+    from sloctl.experiments.live_warehouse import live_router_experiment
+    from sloctl.registry.store import load_model
 
     if copies < 1:
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--live-copies")
@@ -148,8 +148,8 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
 
 def _scaling(kind: str, log: Path, model: str, copies: int, seed: int, as_json: bool, config: Path | None) -> None:
     from sloctl.datasets.querylog import read_log
-    from sloctl.simulation.experiments import ScalingExperimentConfig, scaling_experiment
-    from sloctl.training.registry import load_model
+    from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_experiment
+    from sloctl.registry.store import load_model
 
     if copies < 1:
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
@@ -204,8 +204,8 @@ def experiment_trigger_cmd(
         _scaling("trigger", log, model, copies, seed, as_json, config)
         return
     from sloctl.datasets.querylog import read_log
-    from sloctl.serving.live import live_autoscale_experiment
-    from sloctl.training.registry import load_model
+    from sloctl.experiments.live_warehouse import live_autoscale_experiment
+    from sloctl.registry.store import load_model
 
     if warmup_s < 0:
         raise typer.BadParameter(f"must be >= 0; got {warmup_s}", param_hint="--warmup-s")
@@ -241,7 +241,7 @@ def experiment_admission_cmd(
     if not duration_s > 0:
         raise typer.BadParameter(f"must be > 0; got {duration_s}", param_hint="--duration-s")
     if live:
-        from sloctl.serving.admission_demo import live_admission_experiment
+        from sloctl.experiments.admission_demo import live_admission_experiment
 
         result = live_admission_experiment(duration_s=live_duration_s, seed=seed)
         if as_json:
@@ -252,7 +252,7 @@ def experiment_admission_cmd(
                 typer.echo(f"{name + ' middleware':<19} {path:<5} goodput {row['goodput_per_s']:7.1f}/s  "
                            f"p99 {row['p99_s'] * 1e3:8.1f} ms  dropped {row['dropped']}/{row['sent']}")
         return
-    from sloctl.simulation.admission_experiment import admission_experiment, plot_admission
+    from sloctl.experiments.admission import admission_experiment, plot_admission
 
     echo("running 5 approaches over the load sweep, the convergence and the drop-utility runs ...")
     result = admission_experiment(load_factor=load_factor, seed=seed, duration_s=duration_s)
@@ -295,7 +295,7 @@ def experiment_history_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Table 5: VR and cost of configurations tuned on 0, 1, 7 and 30 days of history, graded on the real day."""
-    from sloctl.simulation.history_experiment import run_table5
+    from sloctl.experiments.history import run_table5
 
     try:
         ids = [int(x) for x in instances.split(",") if x.strip()] or None
@@ -325,7 +325,7 @@ def experiment_retry_live_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """DiffTry live: measured per-class rejection through real Envoy sidecars, k=(5,1) vs (5,5), beside the analysis."""
-    from sloctl.simulation.retry_testbed import retry_live_experiment
+    from sloctl.experiments.retry_live import retry_live_experiment
 
     try:
         rhos = tuple(float(x) for x in loads.split(",") if x.strip())

@@ -40,7 +40,7 @@ def _finish_training(result, log, name: str, log_path: Path, cfg, register: bool
     import json
 
     if out is not None:
-        from sloctl.training.artifacts import save_predictor
+        from sloctl.registry.bundles import save_predictor
 
         save_predictor(result.predictor, out)
         echo(f"Saved the model bundle to {out}.")
@@ -48,7 +48,7 @@ def _finish_training(result, log, name: str, log_path: Path, cfg, register: bool
                **{split: {stat: result.metrics[f"{split}_q_error_{stat}"] for stat in ("p50", "p90", "p95")}
                   for split in ("val", "test")}}
     if register:
-        from sloctl.training.registry import register as register_model
+        from sloctl.registry.store import register as register_model
 
         reg = register_model(result, log, name=name, tracking_uri=cfg.registry.tracking_uri,
                              experiment=cfg.registry.experiment, log_path=str(log_path))
@@ -116,9 +116,9 @@ def evaluate_predictor_cmd(
     import json
 
     from sloctl.datasets.querylog import read_metadata
-    from sloctl.training.artifacts import check_log_schema
+    from sloctl.registry.bundles import check_log_schema
+    from sloctl.registry.store import load_model
     from sloctl.training.pipeline import evaluate_predictor
-    from sloctl.training.registry import load_model
 
     cfg = load_cli_config(config)
     frame = read_log(log)
@@ -153,7 +153,7 @@ def predict_cmd(
     import json
 
     from sloctl.datasets.tpc import template_frame
-    from sloctl.training.registry import load_model
+    from sloctl.registry.store import load_model
 
     cfg = load_cli_config(config)
     offsets = []

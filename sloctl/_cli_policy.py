@@ -13,7 +13,7 @@
    are replaced query by query, in arrival order, by the log's templates
    cycled round-robin in a seeded shuffled order, so every template gets an
    equal share.
-4. Time: compressed as in ``simulation/day.py`` — an hour lasts ``hour_units``
+4. Time: compressed as in ``experiments/day.py`` — an hour lasts ``hour_units``
    mean isolated latencies and the busiest forecast hour offers ``peak_load``
    times one size-1 cluster's capacity (queries are thinned at random when
    the forecast holds more, hours shortened when it holds fewer).
@@ -64,8 +64,8 @@ def history_reservoir(history: str | Path, days: int, target_date: str | None, f
     """
     import pandas as pd
 
+    from sloctl.core.errors import WorkloadError
     from sloctl.datasets.reservoir import Reservoir
-    from sloctl.errors import WorkloadError
 
     path = Path(history)
     if not path.is_file():
@@ -158,8 +158,8 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
     from sloctl.control.router import Query
     from sloctl.control.scheduler import ExecutionConfig
     from sloctl.datasets.forecast import Forecaster
+    from sloctl.experiments.warehouse import ScalingExperimentConfig, autoscaler_config, scaling_setup
     from sloctl.simulation.batch import WarehouseRunner, simulate_batch
-    from sloctl.simulation.experiments import ScalingExperimentConfig, autoscaler_config, scaling_setup
     from sloctl.training.policy_tuner import SearchSpace, tune_policy
 
     started = time.perf_counter()
@@ -172,7 +172,7 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
         raw = [forecaster.workload(target, seed=seed + j) for j in range(n_train + n_validation)]
         runner_dir = Path(tmp) / "predictor"
         if predictor is not None:
-            from sloctl.training.artifacts import save_predictor
+            from sloctl.registry.bundles import save_predictor
 
             save_predictor(predictor, runner_dir)
         capacity = peak_load * hour_units  # queries one size-1 cluster serves in hour_units mean latencies
@@ -245,7 +245,7 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
                       "validation": list(t.validation) if t.validation else None} for t in result.tuning.trials]
     summary = {k: v for k, v in doc.items() if k != "trials"}
     if register:
-        from sloctl.training.registry import register_policy
+        from sloctl.registry.store import register_policy
 
         data_hash = hashlib.sha256(json.dumps(doc["history"], sort_keys=True).encode()
                                    + json.dumps(doc["forecasts"]).encode()).hexdigest()[:16]
@@ -295,7 +295,7 @@ def tune_policy_cmd(
     frame = read_log(log)
     predictor = None
     if model is not None:
-        from sloctl.training.registry import load_model
+        from sloctl.registry.store import load_model
 
         predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
     summary = tune_policy_run(history, frame, days=days, target_date=target_date, instance=instance,

@@ -109,7 +109,7 @@ def sweep_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Analysis vs simulation over a load sweep for several budgets (DiffTry Fig. 5)."""
-    from sloctl.simulation.retry_experiment import plot_retry_sweep, retry_sweep
+    from sloctl.experiments.retry_sweep import plot_retry_sweep, retry_sweep
 
     spec = _load(network)
     try:

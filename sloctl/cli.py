@@ -23,7 +23,7 @@ from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
 from sloctl._cli_sidecar import sidecar_app
-from sloctl.errors import SloctlError
+from sloctl.core.errors import SloctlError
 
 app = typer.Typer(
     name="sloctl",
@@ -279,8 +279,8 @@ def _simulated_day(cfg, log_path: Path) -> None:
     from rich.table import Table
 
     from sloctl.datasets.querylog import read_log
-    from sloctl.simulation.day import plot_day, simulated_day
-    from sloctl.training.registry import load_model
+    from sloctl.experiments.day import plot_day, simulated_day
+    from sloctl.registry.store import load_model
 
     echo("Simulating a compressed day: round-robin on two clusters vs Queue@N vs AutoSLO autoscaling ...")
     predictor = load_model("models:/iconq@champion", tracking_uri=cfg.registry.tracking_uri)
@@ -351,8 +351,8 @@ def run_live_cmd(
 
     from sloctl._cli_experiments import _live_db
     from sloctl.datasets.querylog import read_log
+    from sloctl.registry.store import load_model
     from sloctl.serving.live import run_live_through_service
-    from sloctl.training.registry import load_model
 
     cfg = load_cli_config(config)
     if load <= 0 or kappa <= 0 or copies < 1:

@@ -1,23 +1,28 @@
-"""YAML configuration parsed into frozen dataclasses.
+"""The whole configuration file, parsed into one frozen :class:`SloctlConfig`.
 
-A configuration file holds sections (``warehouse``, ``workload``, ...); every
-key it leaves out takes the dataclass default, so a user file names only what
-it changes. Unknown keys and values of the wrong type are errors that name the
-key path and the file, e.g.::
-
-    ConfigError: configs/my.yaml: unknown key 'workload.rat' (known keys: ...)
+A configuration file holds sections (``warehouse``, ``workload``, ...); the
+sections themselves and the mapping helper live in :mod:`sloctl.core.config`
+(so that every layer can take them); this module assembles them with the
+model sections (Stage) for the CLI.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
 
-from sloctl.errors import ConfigError
+from sloctl.core.config import (
+    CollectConfig,
+    DemoConfig,
+    IconqSection,
+    RegistrySection,
+    RouterSection,
+    ServeSection,
+    WarehouseConfig,
+    WorkloadConfig,
+    from_mapping,
+)
+from sloctl.core.errors import ConfigError
 from sloctl.models.stage import StageConfig
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "load_config",
 ]
 
+
 def _default_config_path() -> Path:
     import sloctl.configs
 
@@ -42,191 +48,6 @@ def _default_config_path() -> Path:
 
 
 DEFAULT_CONFIG_PATH = _default_config_path()
-
-Benchmark = Literal["tpch", "tpcds"]
-WorkloadKind = Literal["base", "phased", "isolated", "contour"]
-
-
-@dataclass(frozen=True)
-class WarehouseConfig:
-    """Where the embedded DuckDB warehouse keeps its data and how clusters start.
-
-    Attributes:
-        data_dir: folder for generated TPC databases (created on demand).
-        warmup_s: extra delay after a cluster's process has started, before it
-            accepts queries (the spin-up delay is process start + this).
-        query_timeout_s: per-query timeout; a query still running then is
-            interrupted and logged as ``status=timeout`` (a censored row).
-        allow_oversubscribe: run a pool that needs more cores than the machine
-            has, with overlapping core sets; every row is then marked.
-    """
-
-    data_dir: str = "data"
-    warmup_s: float = 0.0
-    query_timeout_s: float = 60.0
-    allow_oversubscribe: bool = False
-
-
-@dataclass(frozen=True)
-class WorkloadConfig:
-    """A seeded workload: which queries arrive, and when.
-
-    Attributes:
-        kind: ``base`` (BaseWorkload(λ): ``copies`` of every template, shuffled,
-            Poisson arrivals at ``rate_per_s``), ``phased`` (alternating
-            ``low_count`` queries at ``low_rate_per_s`` and ``high_count`` at
-            ``high_rate_per_s``), ``isolated`` (one query at a time) or
-            ``contour`` (arrival rate follows hourly counts).
-        contour_file: Parquet with hourly ``query_count`` per ``instance_id``
-            (the Redset hourly layout); empty means a synthetic daily contour.
-        contour_instance: which ``instance_id`` to follow (-1: the busiest).
-        contour_hours: how many hours of the contour to replay.
-        time_compression: one workload second stands for this many real
-            seconds of the contour (3600 replays an hour in a second).
-        count_scale: multiplies the hourly counts before compression.
-    """
-
-    kind: WorkloadKind = "base"
-    rate_per_s: float = 1.0
-    copies: int = 3
-    seed: int = 0
-    low_rate_per_s: float = 0.5
-    high_rate_per_s: float = 4.0
-    low_count: int = 15
-    high_count: int = 10
-    contour_file: str = ""
-    contour_instance: int = -1
-    contour_hours: int = 24
-    time_compression: float = 3600.0
-    count_scale: float = 0.05
-
-
-@dataclass(frozen=True)
-class CollectConfig:
-    """What ``sloctl collect`` runs: a benchmark at a scale on cluster sizes."""
-
-    benchmark: Benchmark = "tpch"
-    scale_factor: float = 0.1
-    sizes: tuple[int, ...] = (1, 2)
-
-
-@dataclass(frozen=True)
-class DemoConfig:
-    """The short run behind ``make demo``."""
-
-    benchmark: Benchmark = "tpch"
-    scale_factor: float = 1.0
-    sizes: tuple[int, ...] = (1, 2)
-    isolated_copies: int = 1
-    concurrent_copies: int = 3
-    concurrent_rate_per_s: float = 8.0
-    seed: int = 7
-    reports_dir: str = "reports"
-
-
-IconqVariant = Literal["iconq", "size", "censored", "iconq_plus"]
-
-
-@dataclass(frozen=True)
-class IconqSection:
-    """How Iconq+ (and its ablation variants) train (AutoSLO §8.3.2 defaults).
-
-    Attributes:
-        variant: ``iconq`` (reverse after-pass, no size features, no
-            censoring), ``size`` (+size features), ``censored`` (+censored
-            samples) or ``iconq_plus`` (+chronological after-pass).
-        partial_per_query: sampled partial neighbour sets per query (§4.3).
-        val_fraction, test_fraction: split by query, seeded.
-    """
-
-    variant: IconqVariant = "iconq_plus"
-    embed_dim: int = 64
-    hidden_dim: int = 64
-    head_dim: int = 64
-    dropout: float = 0.2
-    lr: float = 5e-3
-    weight_decay: float = 2e-5
-    lr_gamma: float = 0.9
-    batch_size: int = 32
-    max_epochs: int = 100
-    patience: int = 5
-    grad_clip: float = 2.0
-    partial_per_query: int = 2
-    val_fraction: float = 0.15
-    test_fraction: float = 0.15
-    seed: int = 0
-
-
-@dataclass(frozen=True)
-class RegistrySection:
-    """Where runs and models are recorded (MLflow)."""
-
-    tracking_uri: str = "sqlite:///mlflow.db"
-    experiment: str = "sloctl"
-    optuna_storage: str = "sqlite:///optuna.db"
-
-
-@dataclass(frozen=True)
-class RouterSection:
-    """Query Router settings (AutoSLO §5) and the billing model it optimises.
-
-    Attributes:
-        slo_margin: a query counts as violating once its predicted latency
-            exceeds ``(1 - slo_margin) × SLO`` (0 is the paper's rule; a
-            margin hedges against neighbours that arrive later). ``None``
-            (the default) derives it from the training log, see
-            ``risk_quantile`` and :mod:`sloctl.training.calibration`.
-        risk_quantile: with ``slo_margin: null``, the margin covers this
-            quantile of actual / predicted latency when the log is replayed
-            with only the neighbours seen on arrival.
-        cost_tolerance: marginal costs closer than this fraction of a
-            minimum billing window count as equal; ties then go to the
-            placement that adds the least predicted latency.
-        price_per_unit_s: price of one size unit per second.
-        minimum_s: billing minimum window ``m`` (60 s on cloud warehouses).
-    """
-
-    slo_margin: float | None = None
-    risk_quantile: float = 0.75
-    cost_tolerance: float = 3.0
-    price_per_unit_s: float = 1.0
-    minimum_s: float = 60.0
-
-
-@dataclass(frozen=True)
-class ServeSection:
-    """The controller runtime (``sloctl serve``).
-
-    Attributes:
-        host, port: where it listens (loopback by default).
-        token: bearer token for mutating endpoints; the ``SLOCTL_TOKEN``
-            environment variable overrides it; ``None`` and no variable means
-            the runtime refuses to start unless ``--insecure`` is given.
-        cluster_sizes: the routed pool, one size per cluster (ids c0, c1, ...).
-        templates_log: a query log whose rows give each known template's plan
-            features (needed by Iconq+ and Stage; without it the runtime
-            routes round-robin).
-        model_uri, fallback_uri: latency models by alias (Iconq+, then Stage).
-        admission_uri, retry_uri, execution_uri: policies by alias (the last
-            is the Policy Tuner's scheduled spin-ups and autoscaler knobs).
-        watch_interval_s: how often the aliases are polled for a new version.
-        state_db: SQLite file for accrued cost and running queries.
-        max_in_flight: the runtime's own admission credits (self-protection).
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 8080
-    token: str | None = None
-    cluster_sizes: tuple[int, ...] = (1, 2)
-    templates_log: str | None = None
-    model_uri: str = "models:/iconq@champion"
-    fallback_uri: str = "models:/stage@champion"
-    admission_uri: str = "models:/admission-policy@champion"
-    retry_uri: str = "models:/retry-policy@champion"
-    execution_uri: str = "models:/execution-config@champion"
-    watch_interval_s: float = 10.0
-    state_db: str = "sloctl_state.db"
-    max_in_flight: int = 256
 
 
 @dataclass(frozen=True)
@@ -267,66 +88,3 @@ def load_config(path: str | Path | None = None) -> SloctlConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML ({exc}).") from exc
     return from_mapping(SloctlConfig, raw, source=str(path))
-
-
-def from_mapping(cls: type, raw: Any, *, source: str = "<config>", prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping, checking every key and type."""
-    where = prefix.rstrip(".") or "top level"
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: '{where}' must be a mapping, got {type(raw).__name__}.")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    values = {}
-    for key, value in raw.items():
-        if key not in names:
-            raise ConfigError(
-                f"{source}: unknown key '{prefix}{key}' (known keys: {', '.join(names)})."
-            )
-        values[key] = _coerce(hints[key], value, source=source, key=f"{prefix}{key}")
-    return cls(**values)
-
-
-def _coerce(tp: Any, value: Any, *, source: str, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if dataclasses.is_dataclass(tp):
-        return from_mapping(tp, value, source=source, prefix=f"{key}.")
-    if origin is Literal:
-        if value not in args:
-            allowed = ", ".join(repr(a) for a in args)
-            raise ConfigError(f"{source}: key '{key}' must be one of {allowed}, got {value!r}.")
-        return value
-    if origin in (typing.Union, types.UnionType):
-        for arg in args:
-            if arg is type(None) and value is None:
-                return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(arg, value, source=source, key=key)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0] if errors else f"{source}: key '{key}' has a bad value.")
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{source}: key '{key}' must be a list, got {value!r}.")
-        return tuple(_coerce(args[0], v, source=source, key=f"{key}[{i}]") for i, v in enumerate(value))
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{source}: key '{key}' must be true or false, got {value!r}.")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{source}: key '{key}' must be an integer, got {value!r}.")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{source}: key '{key}' must be a number, got {value!r}.")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{source}: key '{key}' must be a string, got {value!r}.")
-        return value
-    raise ConfigError(f"{source}: key '{key}' has an unsupported type {tp!r}.")  # pragma: no cover

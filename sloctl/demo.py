@@ -53,8 +53,8 @@ def run_demo(cfg: SloctlConfig, *, data_dir: str | Path | None = None,
 def train_demo_models(cfg: SloctlConfig, log_path: Path, *, log: Callable[[str], None] = print) -> list[dict]:
     """Train and register Stage and Iconq+ on the demo log; one accuracy row each."""
     from sloctl.datasets.querylog import read_log
+    from sloctl.registry.store import register
     from sloctl.training.pipeline import train_iconq, train_stage
-    from sloctl.training.registry import register
 
     frame = read_log(log_path)
     rows = []

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from sloctl.config import SloctlConfig, load_config
-from sloctl.errors import ConfigError
+from sloctl.core.errors import ConfigError
 
 
 def write(tmp_path, text):

@@ -58,8 +58,7 @@ def load_workload(path: str | Path) -> dict[str, Any]:
 
 
 def _build(workload: Mapping[str, Any]):
-    from sloctl.simulation.admission_experiment import capacity_per_s
-    from sloctl.simulation.server_sim import RequestType, ServerConfig, isolated_service_s
+    from sloctl.simulation.server_sim import RequestType, ServerConfig, capacity_per_s, isolated_service_s
 
     config = ServerConfig(**workload["server"])
     types = [RequestType(**t) for t in workload["types"]]
@@ -142,7 +141,7 @@ def tune_admission(workload: Mapping[str, Any], *, trials: int = 12, seed: int =
 
 def register_admission_policy(doc: Mapping[str, Any], *, tracking_uri: str, experiment: str, source: str = "") -> str:
     """Register ``doc`` as ``admission-policy`` (alias champion); returns the version."""
-    from sloctl.training.registry import register_policy
+    from sloctl.registry.store import register_policy
 
     data_hash = hashlib.sha256(json.dumps(doc["workload"], sort_keys=True).encode()).hexdigest()[:16]
     params = {**{f"credits_{k}": v for k, v in doc["credits"].items()}, "msem_capacity": doc["msem"]["capacity"],

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
+from sloctl.models.batches import IconqDataset, collate_rows
 from sloctl.models.iconq import IconqConfig, IconqNet, qerror_loss
-from sloctl.training.batches import IconqDataset, collate_rows
 
 __all__ = ["EpochReporter", "IconqDataModule", "IconqLightning", "OptunaPruning", "predict_dataset"]
 

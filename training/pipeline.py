@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sloctl.core.errors import QueryLogError
 from sloctl.datasets.analysis import overlap_counts
 from sloctl.datasets.interactions import FeatureScaler, build_samples, self_vectors
 from sloctl.datasets.querylog import COLUMNS
-from sloctl.errors import QueryLogError
 from sloctl.models.metrics import q_error_summary
 from sloctl.models.predictor import VARIANTS, LatencyPredictor
 from sloctl.models.stage import StageConfig, StageModel
@@ -28,7 +28,7 @@ from sloctl.models.stage import StageConfig, StageModel
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sloctl.config import IconqSection
+    from sloctl.core.config import IconqSection
 
 __all__ = ["TrainResult", "data_hash", "evaluate_predictor", "split_rows", "train_iconq", "train_stage"]
 
@@ -145,8 +145,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     import torch
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
+    from sloctl.models.batches import IconqDataset
     from sloctl.models.iconq import IconqConfig
-    from sloctl.training.batches import IconqDataset
     from sloctl.training.lightning import EpochReporter, IconqDataModule, IconqLightning, predict_dataset
 
     _check_log(log)

@@ -38,7 +38,7 @@ import numpy as np
 from sloctl.control.autoscaler import AutoscalerConfig
 from sloctl.control.billing import best_with_target
 from sloctl.control.scheduler import ExecutionConfig, ScheduleResult, schedule_spinups
-from sloctl.errors import ConfigError
+from sloctl.core.errors import ConfigError
 
 __all__ = ["STRATEGIES", "SearchSpace", "Trial", "TuneResult", "PolicyResult", "apply_knobs", "tune_knobs",
            "tune_policy"]
@@ -70,7 +70,7 @@ class SearchSpace:
     grid_points: int = 5
 
     def validate(self) -> None:
-        """Raise :class:`~sloctl.errors.ConfigError` naming the first bad knob."""
+        """Raise :class:`~sloctl.core.errors.ConfigError` naming the first bad knob."""
         if not self.knobs:
             raise ConfigError("The 'knobs' parameter of SearchSpace must hold at least one knob, got {}.")
         if isinstance(self.grid_points, bool) or not isinstance(self.grid_points, int) or self.grid_points < 2:

@@ -194,7 +194,7 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
     Returns:
         The registered version.
     """
-    from sloctl.training.registry import register_policy
+    from sloctl.registry.store import register_policy
 
     doc = policy.to_json()
     metrics = {"amplification": policy.amplification, "weighted_goodput_per_s": policy.score}
@@ -213,6 +213,6 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
 
 def load_retry_policy(uri: str = f"models:/{POLICY_NAME}@champion", *, tracking_uri: str) -> dict[str, Any]:
     """The policy document registered under ``uri`` (what :meth:`RetryPolicy.to_json` wrote)."""
-    from sloctl.training.registry import load_policy
+    from sloctl.registry.store import load_policy
 
     return load_policy(uri, tracking_uri=tracking_uri)

@@ -12,12 +12,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sloctl.config import SloctlConfig
+    from sloctl.core.config import IconqSection, RegistrySection
+    from sloctl.models.stage import StageConfig
+
+
+class SloctlConfig(Protocol):
+    """The sections a study reads (a :class:`sloctl.config.SloctlConfig` has them)."""
+
+    stage: StageConfig
+    iconq: IconqSection
+    registry: RegistrySection
 
 __all__ = ["TuneResult", "tune"]
 
@@ -135,7 +144,7 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
 
 
 def _log_best(study: Any, model: str, cfg: SloctlConfig) -> str:
-    from sloctl.training.registry import connect
+    from sloctl.registry.store import connect
 
     mlflow = connect(cfg.registry.tracking_uri)
     mlflow.set_experiment(cfg.registry.experiment)

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from sloctl.control.pool import QueryRequest
+from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.collect import collect
 from sloctl.datasets.duckdb_pool import DuckDBClusterPool
+from sloctl.datasets.pool import QueryRequest
 from sloctl.datasets.workloads import Workload, WorkloadQuery, base_workload, isolated_workload
-from sloctl.errors import ClusterPoolError
 
 SLOW_SQL = "SELECT count(*) FROM range(20000000000) t(i) WHERE i % 7 = 3"
 

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from sloctl._cli_forecast import forecast_app
+from sloctl.core.errors import WorkloadError
 from sloctl.datasets.forecast import (
     POLICIES,
     Forecaster,
@@ -22,7 +23,6 @@ from sloctl.datasets.forecast import (
     split_days,
 )
 from sloctl.datasets.reservoir import Reservoir
-from sloctl.errors import WorkloadError
 
 REDSET_HOURLY = Path(__file__).resolve().parents[3] / "shared" / "data" / "redset_serverless_hourly.parquet"
 MONDAY = pd.Timestamp("2024-03-04")

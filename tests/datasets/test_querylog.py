@@ -5,9 +5,9 @@ import math
 import pandas as pd
 import pytest
 
+from sloctl.core.errors import QueryLogError
 from sloctl.datasets.plan_features import PLAN_FEATURES
 from sloctl.datasets.querylog import COLUMNS, read_log, read_metadata, validate_log, write_log
-from sloctl.errors import QueryLogError
 
 
 def make_log(n: int = 3) -> pd.DataFrame:

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from sloctl.core.errors import QueryLogError
 from sloctl.datasets.querylog import read_log, write_log
 from sloctl.datasets.redset import import_redset
-from sloctl.errors import QueryLogError
 
 
 def redset_rows() -> pd.DataFrame:

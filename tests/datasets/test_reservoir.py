@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sloctl.core.errors import WorkloadError
 from sloctl.datasets.reservoir import Reservoir
-from sloctl.errors import WorkloadError
 
 REDSET_HOURLY = Path(__file__).resolve().parents[3] / "shared" / "data" / "redset_serverless_hourly.parquet"
 DAY = pd.Timestamp("2024-03-04")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sloctl.config import WorkloadConfig
+from sloctl.core.errors import WorkloadError
 from sloctl.datasets.tpc import Template
 from sloctl.datasets.workloads import (
     base_workload,
@@ -15,7 +16,6 @@ from sloctl.datasets.workloads import (
     isolated_workload,
     phased_workload,
 )
-from sloctl.errors import WorkloadError
 
 TEMPLATES = [Template(f"t{i:02d}", f"SELECT {i}") for i in range(10)]
 REDSET_HOURLY = Path(__file__).resolve().parents[3] / "shared" / "data" / "redset_serverless_hourly.parquet"

@@ -11,15 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sloctl.control.pool import ClusterInfo, QueryCompletion
 from sloctl.control.router import Query, RoundRobinRouter, StageCostRouter
 from sloctl.datasets.collect import collect
+from sloctl.datasets.pool import ClusterInfo, QueryCompletion
 from sloctl.datasets.workloads import isolated_workload
+from sloctl.experiments.live_warehouse import live_router_experiment
+from sloctl.experiments.warehouse import slo_baselines
 from sloctl.models.online import OnlinePredictor
 from sloctl.models.predictor import LatencyPredictor
 from sloctl.models.stage import StageConfig
-from sloctl.serving.live import live_router_experiment, run_live
-from sloctl.simulation.experiments import slo_baselines
+from sloctl.serving.live import run_live
 from sloctl.training.pipeline import fit_stage
 
 N_QUERIES = 20
@@ -234,7 +235,7 @@ def test_live_autoscaler_spins_up_a_real_cluster_and_routes_to_it(tpch_db, tpch_
 
 
 def test_paired_rounds_counts_rounds_and_bootstraps_the_pooled_change():
-    from sloctl.serving.live import paired_rounds
+    from sloctl.experiments.live_warehouse import paired_rounds
 
     def rnd(a, b, n=40):
         return {"n_queries": n, "results": {"router": {"vr": a}, "rr": {"vr": b}}}

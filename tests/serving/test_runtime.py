@@ -41,8 +41,8 @@ def _wait(predicate, timeout_s: float = 20.0) -> None:
 
 
 def test_runtime_serves_every_endpoint_swaps_models_and_survives_a_restart(registry, sim_log, tmp_path):
+    from sloctl.registry.store import register
     from sloctl.serving.app import create_app
-    from sloctl.training.registry import register
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = _cfg(uri, str(tmp_path / "state.db"))
@@ -125,7 +125,7 @@ def test_retry_policy_is_served_as_json_and_as_envoy_routes(tmp_path):
         assert client.get("/v1/retry-policy/envoy", params={"service": "nope"}).status_code == 422
         assert client.get("/v1/execution-config").status_code == 404
     # The Policy Tuner's execution configuration is served by alias too.
-    from sloctl.training.registry import register_policy
+    from sloctl.registry.store import register_policy
 
     doc = {"kind": "execution-config", "spinups": [{"time_s": 3.0, "size": 2}], "knobs": {"start_clusters": 2}}
     register_policy(doc, name="execution-config", tracking_uri=uri, experiment="t", data_hash="x", params={},
@@ -173,7 +173,7 @@ def test_clusters_can_be_added_and_retired_and_keep_their_cost(tmp_path):
 def test_a_version_that_fails_to_load_keeps_the_last_good_model(registry, sim_log, tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    import sloctl.training.registry as reg
+    import sloctl.registry.store as reg
     from sloctl.serving.runtime import ModelSlot
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

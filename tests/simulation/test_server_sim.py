@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from sloctl.simulation.admission_experiment import APPROACHES, capacity_per_s, make_policy, synthetic_workload
+from sloctl.experiments.admission import APPROACHES, make_policy, synthetic_workload
 from sloctl.simulation.admission_policies import AdmitAll
-from sloctl.simulation.server_sim import RequestType, ServerConfig, isolated_service_s, simulate
+from sloctl.simulation.server_sim import RequestType, ServerConfig, capacity_per_s, isolated_service_s, simulate
 
 CONFIG = ServerConfig()
 TYPES = synthetic_workload(config=CONFIG)

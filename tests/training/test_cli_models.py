@@ -15,7 +15,7 @@ from sloctl.datasets.tpc import load_templates
 from sloctl.datasets.workloads import isolated_workload
 from sloctl.models.predictor import LatencyPredictor
 from sloctl.models.stage import StageConfig
-from sloctl.training.artifacts import save_predictor
+from sloctl.registry.bundles import save_predictor
 from sloctl.training.pipeline import fit_stage
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from sloctl.config import load_config
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION
-from sloctl.training.artifacts import ModelSchemaError, check_log_schema, load_predictor, save_predictor
+from sloctl.registry.bundles import ModelSchemaError, check_log_schema, load_predictor, save_predictor
 from sloctl.training.pipeline import evaluate_predictor, split_rows, train_iconq, train_stage
 
 
@@ -70,7 +70,7 @@ def test_evaluate_refuses_an_empty_log(trained, sim_log):
 def test_champion_alias_moves_only_on_improvement(sim_log, cfg, tmp_path):
     from mlflow import MlflowClient
 
-    from sloctl.training.registry import register
+    from sloctl.registry.store import register
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     good = train_stage(sim_log, cfg.stage)

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sloctl.errors import ConfigError
+from sloctl.core.errors import ConfigError
 from sloctl.training.policy_tuner import STRATEGIES, SearchSpace, tune_knobs
 
 # optimum: theta 20, tau_trigger 0.1, window_s 100 — all on the 5-point grid
@@ -117,7 +117,7 @@ def test_bad_strategy_and_budget_raise_config_error():
 
 def test_tune_policy_registers_an_execution_config_that_loads_back(tmp_path, sim_log):
     from sloctl._cli_policy import POLICY_NAME, tune_policy_run
-    from sloctl.training.registry import load_policy
+    from sloctl.registry.store import load_policy
 
     hours = pd.date_range("2024-03-01", periods=3 * 24, freq="h")
     shape = 5 + 25 * np.exp(-0.5 * ((hours.hour.to_numpy() - 14) / 3.0) ** 2)  # an afternoon peak

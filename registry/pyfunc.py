@@ -20,7 +20,7 @@ class LatencyPyfunc(mlflow.pyfunc.PythonModel):
     """Loads the predictor bundle once; ``predict`` has no side effects."""
 
     def load_context(self, context: Any) -> None:
-        from sloctl.training.artifacts import load_predictor
+        from sloctl.registry.bundles import load_predictor
 
         self.predictor = load_predictor(context.artifacts["bundle"])
 

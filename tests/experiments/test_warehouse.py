@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sloctl.config import load_config
-from sloctl.simulation.experiments import (
+from sloctl.experiments.warehouse import (
     RouterExperimentConfig,
     ScalingExperimentConfig,
     mean_delta,

@@ -275,7 +275,7 @@ class RetryTestbed:
             }
             tmp = Path(self.tmp_.name)
             (tmp / "services.json").write_text(json.dumps(config))
-            code = ("from sloctl.simulation.retry_testbed import _serve_main; "
+            code = ("from sloctl.experiments.retry_live import _serve_main; "
                     f"_serve_main({str(tmp / 'services.json')!r})")
             self._spawn([sys.executable, "-c", code], tmp / "services.log")
             for s in names:
@@ -475,7 +475,7 @@ def retry_live_experiment(network_path: str | Path, *, loads: Sequence[float] = 
 
     The network is scaled (:func:`scaled_spec`); at each load the non-``fixed``
     classes are scaled so that the bottleneck's offered load is that ρ
-    (:func:`~sloctl.simulation.retry_experiment.sweep_spec`). For each budget
+    (:func:`~sloctl.experiments.retry_sweep.sweep_spec`). For each budget
     vector one testbed is started and every load is run on it in turn.
 
     Returns:
@@ -483,8 +483,8 @@ def retry_live_experiment(network_path: str | Path, *, loads: Sequence[float] = 
         "measured": {C: rejection}, "analysis": {C: rejection}, "calls_per_success": {C: ...},
         "calls_per_request": {C: ...}, "latency_s": {C: {...}}, "requests": {C: n}, "abs_error"}]}``
     """
+    from sloctl.experiments.retry_sweep import sweep_spec
     from sloctl.models.retry import solve_network
-    from sloctl.simulation.retry_experiment import sweep_spec
 
     base = scaled_spec(load_network(network_path), capacity_scale=capacity_scale, buffer=buffer)
     points = []

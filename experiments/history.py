@@ -438,7 +438,7 @@ def _scale(rows: pd.DataFrame, first_target: str, cfg: HistoryExperimentConfig) 
 
 
 def _summary(rows: list[dict[str, Any]], histories: Sequence[int]) -> dict[str, Any]:
-    from sloctl.simulation.experiments import mean_delta
+    from sloctl.experiments.warehouse import mean_delta
 
     by_key: dict[tuple, dict[str, dict[str, float]]] = {}
     for r in rows:
@@ -476,7 +476,7 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
         ``vr`` is the actual day's violation rate; ``cost`` is in size-1
         cluster-hours of the compressed day.
     """
-    from sloctl.simulation.experiments import ScalingExperimentConfig, scaling_setup
+    from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_setup
 
     started = time.perf_counter()
     cfg = config or HistoryExperimentConfig()

@@ -12,7 +12,7 @@ Four experiments, all on :mod:`sloctl.simulation.server_sim`, all seeded:
 * ``drop_utility`` — Svalinn's credit pool tuned for throughput vs. for
   throughput with a 10 % drop-rate allowance (``DropPenaltyUtility(0.1)``).
 
-Capacity is defined analytically (:func:`capacity_per_s`) and documented in
+Capacity is defined analytically (:func:`~sloctl.simulation.server_sim.capacity_per_s`) and documented in
 ``docs/admission_sim.md``.
 """
 
@@ -30,11 +30,12 @@ from sloctl.simulation.server_sim import (
     RequestType,
     ServerConfig,
     SimResult,
+    capacity_per_s,
     isolated_service_s,
     simulate,
 )
 
-__all__ = ["APPROACHES", "admission_experiment", "bus_loss_sensitivity", "capacity_per_s", "make_policy",
+__all__ = ["APPROACHES", "admission_experiment", "bus_loss_sensitivity", "make_policy",
            "plot_admission", "synthetic_workload"]
 
 APPROACHES = ("none", "single-queue", "seda", "protego", "svalinn")
@@ -57,35 +58,6 @@ def synthetic_workload(slo_multiple: float = SLO_MULTIPLE, config: ServerConfig 
     # SLOs come from the pre-change service times, so a demand change does not move them.
     return [dataclasses.replace(t, slo_s=slo_multiple * isolated_service_s(b, config)) for t, b in zip(
         [cpu, mem], base, strict=True)]
-
-
-def capacity_per_s(types: Sequence[RequestType], config: ServerConfig) -> tuple[float, int]:
-    """The total arrival rate at which the best static m_semaphore capacity just saturates a resource.
-
-    With ``k`` memory sections allowed at once, each moves ``b_k = min(b, B/k)``
-    bytes/s. At total rate ``λ`` (type shares ``s_i``) the server needs
-    ``λ Σ s_i M_i ≤ k b_k`` (bandwidth), ``λ Σ s_i (cpu_i + M_i/b_k + lock_i) ≤ cores``
-    and ``λ Σ_{i uses lock} s_i lock_i ≤ 1`` per lock. ``capacity(k)`` is the
-    largest such ``λ``; the result is ``max_k capacity(k)`` and the smallest ``k``
-    reaching it.
-    """
-    total = sum(t.share for t in types)
-    best = (0.0, 1)
-    for k in range(1, config.cores + 1):
-        bounds = []
-        mem = sum(t.share / total * t.mem_bytes for t in types)
-        cores = 0.0
-        for t in types:
-            b_k = min(t.thread_bytes_per_s or config.thread_bytes_per_s, config.bandwidth_bytes_per_s / k)
-            cores += t.share / total * (t.cpu_s + t.mem_bytes / b_k + t.lock_s)
-            if t.mem_bytes:
-                bounds.append(k * b_k / mem)
-        bounds.append(config.cores / cores)
-        for lock in {t.lock for t in types if t.lock}:
-            bounds.append(1.0 / sum(t.share / total * t.lock_s for t in types if t.lock == lock))
-        if min(bounds) > best[0] * (1 + 1e-9):
-            best = (min(bounds), k)
-    return best
 
 
 def make_policy(name: str, types: Sequence[RequestType], config: ServerConfig, *, capacity: float, seed: int = 0,

@@ -89,10 +89,10 @@ def register(result: Any, log: Any, *, name: str, tracking_uri: str, experiment:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from sloctl.training.artifacts import save_predictor
+    from sloctl.registry.bundles import save_predictor
 
     with _quiet_pyfunc_logging():
-        from sloctl.training.pyfunc import LatencyPyfunc
+        from sloctl.registry.pyfunc import LatencyPyfunc
 
     mlflow = connect(tracking_uri)
     mlflow.set_experiment(experiment)
@@ -166,7 +166,7 @@ def load_model(uri: str, *, tracking_uri: str) -> Any:
     """
     path = Path(uri)
     if path.is_dir() and (path / "meta.json").is_file():
-        from sloctl.training.artifacts import load_predictor
+        from sloctl.registry.bundles import load_predictor
 
         return load_predictor(path)
     mlflow = connect(tracking_uri)
@@ -192,7 +192,7 @@ def register_policy(doc: dict[str, Any], *, name: str, tracking_uri: str, experi
     from mlflow import MlflowClient
 
     with _quiet_pyfunc_logging():
-        from sloctl.training.pyfunc import PolicyPyfunc
+        from sloctl.registry.pyfunc import PolicyPyfunc
 
     mlflow = connect(tracking_uri)
     mlflow.set_experiment(experiment)

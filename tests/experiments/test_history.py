@@ -10,7 +10,7 @@ import pytest
 
 from sloctl.control.autoscaler import AutoscalerConfig, ClusterView
 from sloctl.control.router import Query
-from sloctl.simulation.history_experiment import (
+from sloctl.experiments.history import (
     HistoryExperimentConfig,
     QueueScaler,
     history_experiment,

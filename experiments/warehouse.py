@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sloctl.control.autoscaler import RelativeAutoscalerSettings
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, StageCostRouter
+from sloctl.datasets.slo import slo_baselines
 from sloctl.simulation.emulator import calibrate
 from sloctl.simulation.engine import WarehouseSimulator
 
@@ -34,7 +36,6 @@ __all__ = [
     "router_experiment",
     "scaling_setup",
     "scaling_experiment",
-    "slo_baselines",
 ]
 
 
@@ -63,15 +64,6 @@ class RouterExperimentConfig:
     seed: int = 0
     slo_margin: float = 0.3
     cost_tolerance: float = 3.0
-
-
-def slo_baselines(log: pd.DataFrame, size: int) -> dict[str, float]:
-    """Largest isolated latency of each template on ``size`` (the SLO reference)."""
-    from sloctl.datasets.analysis import overlap_counts
-
-    ok = log[log["status"] == "ok"].copy()
-    ok = ok[(overlap_counts(ok).to_numpy() == 0) & (ok["cluster_size"] == size)]
-    return ok.groupby("template")["latency_s"].max().to_dict()
 
 
 def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dict[str, dict[str, float]]:
@@ -181,6 +173,9 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                    {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": cfg.copies})
 
 
+_AUTOSCALER = RelativeAutoscalerSettings()
+
+
 @dataclass(frozen=True)
 class ScalingExperimentConfig:
     """Scenarios of Tables 3-4, scaled: one starting cluster, overloaded at first.
@@ -200,33 +195,35 @@ class ScalingExperimentConfig:
     kappas: tuple[float, ...] = (4.0, 2.0)
     start_sizes: tuple[int, ...] = (1, 2)
     copies: int = 10
-    minimum_s: float = 5.0
-    spinup_delay_s: float = 20.0
-    window_s: float = 20.0
-    t_idle_s: float = 50.0
-    t_min_lifetime_s: float = 200.0
-    theta: int = 10
-    tau_trigger: float = 0.1
-    tau_target: float = 0.05
-    mu: int = 20
+    minimum_s: float = _AUTOSCALER.minimum_s
+    spinup_delay_s: float = _AUTOSCALER.spinup_delay_s
+    window_s: float = _AUTOSCALER.window_s
+    t_idle_s: float = _AUTOSCALER.t_idle_s
+    t_min_lifetime_s: float = _AUTOSCALER.t_min_lifetime_s
+    theta: int = _AUTOSCALER.theta
+    tau_trigger: float = _AUTOSCALER.tau_trigger
+    tau_target: float = _AUTOSCALER.tau_target
+    mu: int = _AUTOSCALER.mu
     queue_n: int = 8
-    candidate_sizes: tuple[int, ...] = (1, 2)
+    candidate_sizes: tuple[int, ...] = _AUTOSCALER.candidate_sizes
     seed: int = 0
     slo_margin: float = 0.3
     cost_tolerance: float = 3.0
+
+    def autoscaler_settings(self) -> RelativeAutoscalerSettings:
+        """The autoscaler knobs of this experiment (in units of the mean isolated latency)."""
+        return RelativeAutoscalerSettings(
+            minimum_s=self.minimum_s, spinup_delay_s=self.spinup_delay_s, window_s=self.window_s,
+            t_idle_s=self.t_idle_s, t_min_lifetime_s=self.t_min_lifetime_s, theta=self.theta,
+            tau_trigger=self.tau_trigger, tau_target=self.tau_target, mu=self.mu,
+            candidate_sizes=self.candidate_sizes)
 
 
 def autoscaler_config(cfg: ScalingExperimentConfig, mean_iso: float, *, candidate_sizes: tuple[int, ...] | None = None,
                       spinup_delay_s: float | None = None, max_clusters: int = 4) -> Any:
     """The :class:`~sloctl.control.autoscaler.AutoscalerConfig` of ``cfg`` in seconds (units × ``mean_iso``)."""
-    from sloctl.control.autoscaler import AutoscalerConfig
-
-    return AutoscalerConfig(
-        window_s=cfg.window_s * mean_iso, t_idle_s=cfg.t_idle_s * mean_iso,
-        t_min_lifetime_s=cfg.t_min_lifetime_s * mean_iso, theta=cfg.theta, tau_trigger=cfg.tau_trigger, mu=cfg.mu,
-        tau_target=cfg.tau_target, candidate_sizes=candidate_sizes or cfg.candidate_sizes,
-        spinup_delay_s=spinup_delay_s if spinup_delay_s is not None else cfg.spinup_delay_s * mean_iso,
-        max_clusters=max_clusters)
+    return cfg.autoscaler_settings().config(mean_iso, candidate_sizes=candidate_sizes, spinup_delay_s=spinup_delay_s,
+                                            max_clusters=max_clusters)
 
 
 def scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig):

@@ -9,7 +9,7 @@ wraps the same handlers in :class:`~sloctl.serving.admission.AdmissionMiddleware
 and guards the copy with an :class:`~sloctl.serving.admission.AsyncMSemaphore`
 (``try_acquire``: a copy that cannot start at once is dropped with 503).
 
-Run it with ``SLOCTL_ADMISSION_CONTROLLED=1 uvicorn sloctl.serving.admission_demo:app``.
+Run it with ``SLOCTL_ADMISSION_CONTROLLED=1 uvicorn sloctl.experiments.admission_demo:app``.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def _app_from_env() -> Any:
                      mem_mb=int(os.environ.get("SLOCTL_ADMISSION_MEM_MB", "64")))
 
 
-def __getattr__(name: str) -> Any:  # ``uvicorn sloctl.serving.admission_demo:app`` builds the app on demand
+def __getattr__(name: str) -> Any:  # ``uvicorn sloctl.experiments.admission_demo:app`` builds the app on demand
     if name == "app":
         return _app_from_env()
     raise AttributeError(name)
@@ -182,7 +182,7 @@ def live_admission_experiment(*, duration_s: float = 4.0, mem_rate_per_s: float 
             port = sock.getsockname()[1]
         env = {**os.environ, "SLOCTL_ADMISSION_CONTROLLED": "1" if controlled else "0",
                "SLOCTL_ADMISSION_MEM_MB": str(mem_mb)}
-        server = subprocess.Popen([sys.executable, "-m", "uvicorn", "sloctl.serving.admission_demo:app", "--host",
+        server = subprocess.Popen([sys.executable, "-m", "uvicorn", "sloctl.experiments.admission_demo:app", "--host",
                                    "127.0.0.1", "--port", str(port), "--log-level", "warning"], env=env,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter
+from sloctl.experiments.warehouse import ScalingExperimentConfig, autoscaler_config, scaling_setup
 from sloctl.simulation.engine import WarehouseSimulator
-from sloctl.simulation.experiments import ScalingExperimentConfig, autoscaler_config, scaling_setup
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,0 +1,1 @@
+"""The bottom layer: errors and configuration mapping. Imports nothing of sloctl."""
