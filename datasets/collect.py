@@ -19,8 +19,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sloctl.core.errors import WorkloadError
-from sloctl.datasets.plan_features import sql_hash
+from sloctl.datasets.duckdb_pool import DuckDBClusterPool
+from sloctl.datasets.plan_features import PlanFeaturizer, sql_hash
 from sloctl.datasets.pool import ClusterPool, QueryRequest
+from sloctl.datasets.querylog import empty_features, validate_log
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -71,7 +73,6 @@ def run_on_cluster(
         ``(rows, lags)``: one dict per query (log columns) and, for each
         dispatched query, ``start - scheduled arrival`` in seconds.
     """
-    from sloctl.datasets.querylog import empty_features
 
     items = collections.deque(enumerate(workload.queries))
     limit = workload.concurrency_limit
@@ -162,9 +163,6 @@ def collect(
     import duckdb
     import pandas as pd
 
-    from sloctl.datasets.duckdb_pool import DuckDBClusterPool
-    from sloctl.datasets.plan_features import PlanFeaturizer
-    from sloctl.datasets.querylog import validate_log
 
     if not sizes:
         raise WorkloadError("The 'sizes' parameter must name at least one cluster size.")
@@ -215,7 +213,6 @@ def concat_logs(logs: list[pd.DataFrame], labels: list[str] | None = None) -> pd
     """
     import pandas as pd
 
-    from sloctl.datasets.querylog import validate_log
 
     parts, offset = [], 0
     for index, log in enumerate(logs):

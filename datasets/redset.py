@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sloctl.core.errors import QueryLogError
+from sloctl.datasets.plan_features import PLAN_FEATURES, sql_hash
+from sloctl.datasets.querylog import validate_log
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -65,8 +67,6 @@ def import_redset(source: str | Path | pd.DataFrame, *, default_size: int = 1,
     import numpy as np
     import pandas as pd
 
-    from sloctl.datasets.plan_features import PLAN_FEATURES, sql_hash
-    from sloctl.datasets.querylog import validate_log
 
     name = "Redset rows"
     if not isinstance(source, pd.DataFrame):

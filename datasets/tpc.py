@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sloctl.core.errors import WorkloadError
+from sloctl.datasets.plan_features import PlanFeaturizer, sql_hash
 
 __all__ = ["BENCHMARKS", "Template", "database_path", "ensure_database", "load_templates"]
 
@@ -167,7 +168,6 @@ def template_frame(benchmark: str, scale_factor: float, data_dir: str | Path,
     import duckdb
     import pandas as pd
 
-    from sloctl.datasets.plan_features import PlanFeaturizer, sql_hash
 
     by_name = {t.name: t for t in load_templates(benchmark, sorted({name for name, _ in arrivals}))}
     db = ensure_database(benchmark, scale_factor, data_dir, log=None)

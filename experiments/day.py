@@ -18,8 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter
+from sloctl.datasets.analysis import save_figure
+from sloctl.datasets.tpc import Template
+from sloctl.datasets.workloads import contour_workload, hourly_counts
 from sloctl.experiments.warehouse import ScalingExperimentConfig, autoscaler_config, scaling_setup
+from sloctl.models.online import OnlinePredictor
 from sloctl.simulation.engine import WarehouseSimulator
 
 if TYPE_CHECKING:
@@ -36,10 +41,6 @@ def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int 
                   peak_load: float = 1.6, kappa: float = 3.0, seed: int = 0, contour_file: str | None = None,
                   slo_margin: float = 0.3, cost_tolerance: float = 3.0) -> dict[str, Any]:
     """Run the day; returns totals and per-hour VR / cumulative cost per approach."""
-    from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
-    from sloctl.datasets.tpc import Template
-    from sloctl.datasets.workloads import contour_workload, hourly_counts
-    from sloctl.models.online import OnlinePredictor
 
     cfg = ScalingExperimentConfig(seed=seed, slo_margin=slo_margin, cost_tolerance=cost_tolerance)
     world, report, slo_ref, templates, mean_iso, table = scaling_setup(log, cfg)
@@ -93,7 +94,6 @@ def plot_day(day: dict[str, Any], path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sloctl.datasets.analysis import save_figure
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), dpi=110, sharex=True)
     for name, r in day["results"].items():

@@ -60,7 +60,13 @@ import numpy as np
 from sloctl.control.autoscaler import AutoscalerConfig, ClusterView, ScalingAction, should_tear_down
 from sloctl.control.router import ClusterState, Query, RouteDecision
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, schedule_spinups
-from sloctl.simulation.batch import CellResult, timeline_of
+from sloctl.datasets.forecast import Forecaster
+from sloctl.datasets.querylog import read_log
+from sloctl.datasets.reservoir import Reservoir
+from sloctl.experiments.warehouse import ScalingExperimentConfig, mean_delta, scaling_setup
+from sloctl.simulation.batch import CellResult, cell_seed, simulate_batch, timeline_of
+from sloctl.simulation.engine import WarehouseSimulator
+from sloctl.training.policy_tuner import SearchSpace, tune_policy
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -223,7 +229,6 @@ class HistoryRunner:
     max_clusters: int = 4
 
     def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
-        from sloctl.simulation.engine import WarehouseSimulator
 
         inner = QueueScaler(config.autoscaler, self.queue_n) if config.autoscaler is not None else None
         scheduled = ScheduledSpinups(config.spinups, inner, spinup_delay_s=self.spinup_delay_s,
@@ -351,9 +356,6 @@ def _run_cell(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, slo_ref
     """Tune on ``H`` days of forecasts (``H > 0``), then grade on the actual day."""
     import pandas as pd
 
-    from sloctl.datasets.forecast import Forecaster
-    from sloctl.datasets.reservoir import Reservoir
-    from sloctl.simulation.batch import cell_seed, simulate_batch
 
     started = time.perf_counter()
     hour_s = cfg.hour_units * mean_iso
@@ -395,7 +397,6 @@ def _run_cell(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, slo_ref
                              eta=cfg.eta, phi=cfg.phi, sigma_min_s=cfg.sigma_min_hours * hour_s,
                              merge_gap_s=cfg.merge_gap_hours * hour_s)
         if cfg.tune_knobs:
-            from sloctl.training.policy_tuner import SearchSpace, tune_policy
 
             space = SearchSpace({
                 "start_clusters": [1, 2], "start_size": list(cfg.sizes),
@@ -438,7 +439,6 @@ def _scale(rows: pd.DataFrame, first_target: str, cfg: HistoryExperimentConfig) 
 
 
 def _summary(rows: list[dict[str, Any]], histories: Sequence[int]) -> dict[str, Any]:
-    from sloctl.experiments.warehouse import mean_delta
 
     by_key: dict[tuple, dict[str, dict[str, float]]] = {}
     for r in rows:
@@ -476,7 +476,6 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
         ``vr`` is the actual day's violation rate; ``cost`` is in size-1
         cluster-hours of the compressed day.
     """
-    from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_setup
 
     started = time.perf_counter()
     cfg = config or HistoryExperimentConfig()
@@ -537,7 +536,6 @@ def run_table5(hourly_path: str | Path, log_path: str | Path | None = None, *, i
     ``quick`` picks 1 and shrinks the tuning (:meth:`HistoryExperimentConfig.quick`);
     ``tune_knobs=False`` runs the Spin-up Scheduler alone (the ablation).
     """
-    from sloctl.datasets.querylog import read_log
 
     path = Path(log_path) if log_path is not None else DEFAULT_LOG
     if not path.is_file():

@@ -56,7 +56,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sloctl.experiments.retry_sweep import sweep_spec
+from sloctl.models.retry import solve_network
 from sloctl.models.retry_network import NetworkSpec, load_network, network_from_mapping
+from sloctl.serving.envoy import envoy_binary, envoy_bootstrap
 
 __all__ = ["RetryTestbed", "retry_live_experiment", "scaled_spec"]
 
@@ -250,7 +253,6 @@ class RetryTestbed:
         return [p.pid for p in getattr(self, "procs_", [])]
 
     def start(self) -> None:
-        from sloctl.serving.envoy import envoy_binary, envoy_bootstrap
 
         exe = envoy_binary()
         if exe is None:
@@ -483,8 +485,6 @@ def retry_live_experiment(network_path: str | Path, *, loads: Sequence[float] = 
         "measured": {C: rejection}, "analysis": {C: rejection}, "calls_per_success": {C: ...},
         "calls_per_request": {C: ...}, "latency_s": {C: {...}}, "requests": {C: n}, "abs_error"}]}``
     """
-    from sloctl.experiments.retry_sweep import sweep_spec
-    from sloctl.models.retry import solve_network
 
     base = scaled_spec(load_network(network_path), capacity_scale=capacity_scale, buffer=buffer)
     points = []

@@ -13,7 +13,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sloctl.datasets.analysis import save_figure
+from sloctl.models.retry import offered_rho, solve_network
 from sloctl.models.retry_network import NetworkSpec
+from sloctl.simulation.retry_sim import simulate_network
 
 __all__ = ["plot_retry_sweep", "retry_sweep", "sweep_spec"]
 
@@ -28,7 +31,6 @@ def sweep_spec(spec: NetworkSpec, rho: float, fixed: Sequence[str]) -> NetworkSp
         ValueError: the fixed classes alone already offer ``rho`` or more, or
             there is no class left to scale.
     """
-    from sloctl.models.retry import offered_rho
 
     scaled = [c for c in spec.classes if c not in fixed]
     if not scaled:
@@ -70,8 +72,6 @@ def retry_sweep(spec: NetworkSpec, rhos: Sequence[float], budgets: Sequence[Mapp
         ``{"network_model": model, "points": [{"offered_rho", "k", "analysis": {C: rejection},
         "simulated": {C: rejection}, "simulated_ci": {C: [lo, hi]}, "calls_per_success": {...}}]}``.
     """
-    from sloctl.models.retry import solve_network
-    from sloctl.simulation.retry_sim import simulate_network
 
     fixed = tuple(fixed) if fixed else spec.classes[:1]
     points = []
@@ -104,7 +104,6 @@ def plot_retry_sweep(result: Mapping[str, Any], path: str | Path, title: str = "
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from sloctl.datasets.analysis import save_figure
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     budgets = []

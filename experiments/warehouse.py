@@ -16,9 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import RelativeAutoscalerSettings
+from sloctl.control.autoscaler import Autoscaler, QueueTrigger, RelativeAutoscalerSettings, SpinupTrigger
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, StageCostRouter
 from sloctl.datasets.slo import slo_baselines
+from sloctl.datasets.tpc import Template
+from sloctl.datasets.workloads import base_workload
+from sloctl.models.metrics import q_error_summary
+from sloctl.models.online import OnlinePredictor
 from sloctl.simulation.emulator import calibrate
 from sloctl.simulation.engine import WarehouseSimulator
 
@@ -102,7 +106,6 @@ def _setup(log: pd.DataFrame, sizes: set[int], seed: int):
 
 def predictor_error(frames: list[pd.DataFrame]) -> dict[str, float]:
     """Q-error of the routers' predictions (made at routing time) against the world's latencies."""
-    from sloctl.models.metrics import q_error_summary
 
     if not frames:
         return q_error_summary(np.empty(0), np.empty(0))
@@ -133,9 +136,6 @@ def _result(scenarios: list[dict], baseline: str, report: Any, predicted_vs_worl
 def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: RouterExperimentConfig | None = None,
                       *, on_scenario: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """Run the router scenarios; returns the JSON-ready result (see ``sloctl experiment router``)."""
-    from sloctl.datasets.tpc import Template
-    from sloctl.datasets.workloads import base_workload
-    from sloctl.models.online import OnlinePredictor
 
     cfg = cfg or RouterExperimentConfig()
     world, report, slo_ref, templates, mean_iso, table = _setup(
@@ -232,8 +232,6 @@ def scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig):
 
 
 def _run_scaling(kind: str, approach: str, world, predictor, table, queries, start_size: int, cfg, mean_iso: float):
-    from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
-    from sloctl.models.online import OnlinePredictor
 
     def make_router(model):
         return IconqRouter(model, slo_margin=cfg.slo_margin, cost_tolerance=cfg.cost_tolerance)
@@ -273,8 +271,6 @@ def scaling_experiment(kind: str, log: pd.DataFrame, predictor: LatencyPredictor
     VR and cost over the last 20%. ``trigger``: each trigger decides when to
     scale (size chosen by the Spinup Size Selector), report the whole run.
     """
-    from sloctl.datasets.tpc import Template
-    from sloctl.datasets.workloads import base_workload
 
     if kind not in ("sizer", "trigger"):
         raise ValueError(f"The 'kind' parameter must be 'sizer' or 'trigger', got {kind!r}.")

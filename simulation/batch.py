@@ -29,7 +29,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
+from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, Timeline
+from sloctl.models.online import OnlinePredictor
+from sloctl.registry.bundles import load_predictor
+from sloctl.simulation.engine import WarehouseSimulator
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -118,7 +123,6 @@ _PREDICTORS: dict[str, Any] = {}
 def _load_predictor(folder: str) -> Any:
     # once per process: workers never receive a model, only its folder
     if folder not in _PREDICTORS:
-        from sloctl.registry.bundles import load_predictor
 
         _PREDICTORS[folder] = load_predictor(folder)
     return _PREDICTORS[folder]
@@ -157,8 +161,6 @@ class WarehouseRunner:
     cost_tolerance: float = 3.0
 
     def _router(self) -> tuple[Any, Callable[[Any], Any]]:
-        from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter
-        from sloctl.models.online import OnlinePredictor
 
         if self.router == "round-robin":
             return RoundRobinRouter(), lambda model: RoundRobinRouter()
@@ -175,8 +177,6 @@ class WarehouseRunner:
         return make_router(model), make_router
 
     def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
-        from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
-        from sloctl.simulation.engine import WarehouseSimulator
 
         router, make_router = self._router()
         inner = None

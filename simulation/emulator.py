@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from sloctl.datasets.analysis import overlap_counts
 from sloctl.models.metrics import q_error_summary
 
 if TYPE_CHECKING:
@@ -120,7 +121,6 @@ def calibrate(log: pd.DataFrame, *, heldout_fraction: float = 0.5, seed: int = 0
     ``alpha`` per size from a random ``1 - heldout_fraction`` of the log's
     cluster runs that had concurrency; the report scores the rest.
     """
-    from sloctl.datasets.analysis import overlap_counts
 
     ok = log[log["status"] == "ok"].copy()
     ok["neighbours"] = overlap_counts(ok).to_numpy()

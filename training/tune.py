@@ -14,6 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from sloctl.registry.store import connect
+from sloctl.training.pipeline import train_iconq, train_stage
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -46,7 +49,6 @@ class TuneResult:
 def _stage_trial(trial: Any, log: pd.DataFrame, cfg: SloctlConfig) -> float:
     import optuna
 
-    from sloctl.training.pipeline import train_stage
 
     stage = dataclasses.replace(
         cfg.stage,
@@ -72,7 +74,6 @@ def _iconq_trial(trial: Any, log: pd.DataFrame, cfg: SloctlConfig, max_epochs: i
     import optuna
 
     from sloctl.training.lightning import OptunaPruning
-    from sloctl.training.pipeline import train_iconq
 
     iconq = dataclasses.replace(
         cfg.iconq,
@@ -144,7 +145,6 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
 
 
 def _log_best(study: Any, model: str, cfg: SloctlConfig) -> str:
-    from sloctl.registry.store import connect
 
     mlflow = connect(cfg.registry.tracking_uri)
     mlflow.set_experiment(cfg.registry.experiment)
