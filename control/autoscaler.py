@@ -17,7 +17,13 @@ the simulation-based Spinup Size Selector.
   arrived after the new cluster is available have completed, with
   completions decided by the latency predictor; pick by BestWithTarget and
   return the largest size tied for best — or nothing unless some candidate
-  strictly improves on doing nothing.
+  strictly improves on doing nothing. Each what-if run routes, bills and
+  completes through a :class:`~sloctl.control.managed.ManagedPool`, the
+  same step the drivers run.
+
+:class:`ClusterView` and :class:`ScalingAction` (what the autoscaler reads
+and returns) live with the pool in :mod:`sloctl.control.managed` and are
+re-exported here.
 
 The policies see only the router's predictor; they run unchanged in
 simulation and live.
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sloctl.control.billing import BillingTimer, best_with_target
+from sloctl.control.managed import ClusterView, ManagedPool, ScalingAction
 from sloctl.control.router import ClusterState, Query
 
 __all__ = [
@@ -262,30 +269,52 @@ class SizingOutcome:
     outcomes: dict[str, tuple[float, float]]  # option -> (violation rate, cost)
 
 
-class _PredictedWorld:
-    """The Workload Simulator: completions at arrival + predicted latency (AutoSLO §3)."""
+def _what_if_pool(router: Any, clusters: list[ClusterState]) -> ManagedPool:
+    """A :class:`~sloctl.control.managed.ManagedPool` over copies of ``clusters``' billing timers.
 
-    def __init__(self, router: Any, clusters: list[ClusterState], now_s: float) -> None:
-        self.router = router
-        self.clusters = clusters
+    The queries ``router``'s predictor has running on them are already
+    counted by the copied timers; the pool records them without restarting
+    billing, so that their predicted completions go through the same step.
+    """
+    pool = ManagedPool(router)
+    for c in clusters:
+        pool.add_state(ClusterState(c.cluster_id, c.size, c.timer.copy(), c.price_per_unit_s))
+        for r in router.model.running_on(c.cluster_id):
+            pool.restore(Query(r.query_id, r.template, r.arrival_s, r.slo_s), c.cluster_id, r.predicted_s)
+    return pool
+
+
+class _PredictedWorld:
+    """The Workload Simulator: completions at arrival + predicted latency (AutoSLO §3).
+
+    Routing, billing and completions are the :class:`ManagedPool` step; this
+    world only says when the next predicted completion is.
+    """
+
+    def __init__(self, pool: ManagedPool, now_s: float) -> None:
+        self.pool = pool
         self.now_s = now_s
 
-    def _next_completion(self) -> tuple[float, int | None, str | None]:
-        best = (math.inf, None, None)
-        for c in self.clusters:
-            for r in self.router.model.running_on(c.cluster_id):
+    def _next_completion(self) -> tuple[float, int | None]:
+        best = (math.inf, None)
+        model = self.pool.router.model
+        for cid in self.pool.clusters:
+            for r in model.running_on(cid):
                 end = r.arrival_s + r.predicted_s
                 if end < best[0]:
-                    best = (end, r.query_id, c.cluster_id)
+                    best = (end, r.query_id)
         return best
 
     def run_until(self, arrivals: list[Query], stop: Callable[[], bool], on_done: Callable[[Query | int, float], None],
-                  t_end: float = math.inf, routable: Callable[[ClusterState], bool] = lambda c: True) -> None:
-        """Process arrivals (sorted) and predicted completions until ``stop()`` or ``t_end``."""
+                  t_end: float = math.inf) -> None:
+        """Process arrivals (sorted) and predicted completions until ``stop()`` or ``t_end``.
+
+        A predicted end already in the past completes now: the world's clock
+        never goes backwards.
+        """
         i = 0
-        by_id: dict[str, ClusterState] = {c.cluster_id: c for c in self.clusters}
         while not stop():
-            t_done, qid, cid = self._next_completion()
+            t_done, qid = self._next_completion()
             t_arr = arrivals[i].arrival_s if i < len(arrivals) else math.inf
             t_next = min(t_done, t_arr)
             if math.isinf(t_next) or t_next > t_end:
@@ -294,30 +323,31 @@ class _PredictedWorld:
                 return
             self.now_s = max(self.now_s, t_next)
             if t_done <= t_arr:
-                by_id[cid].timer.query_finished(self.now_s)
-                self.router.on_complete(qid, self.now_s)
+                self.pool.complete(qid, self.now_s)
                 on_done(qid, self.now_s)
             else:
                 query = arrivals[i]
                 i += 1
-                choices = [c for c in self.clusters if routable(c)]
-                decision = self.router.route(query, choices, self.now_s)
-                by_id[decision.cluster_id].timer.query_arrived(self.now_s)
+                self.pool.route(query, self.now_s)
         return
 
 
-def _simulate_option(size: int | None, prep_router: Any, prep_clusters: list[ClusterState],
-                     make_router: Callable[[Any], Any], arrivals: list[Query], t_avail: float, mu: int,
-                     minimum_s: float, price_per_unit_s: float, vertical: bool) -> tuple[float, float]:
+def _simulate_option(size: int | None, prep: ManagedPool, make_router: Callable[[Any], Any], arrivals: list[Query],
+                     t_avail: float, mu: int, minimum_s: float, price_per_unit_s: float,
+                     vertical: bool) -> tuple[float, float]:
     """Lines 13-29 of Algorithm 3 for one option: (violation rate, cost) after ``t_avail``."""
-    sim_router = make_router(prep_router.model.fork())
-    sim_clusters = [ClusterState(c.cluster_id, c.size, c.timer.copy(), c.price_per_unit_s) for c in prep_clusters]
-    new_id = None
+    sim_router = make_router(prep.router.model.fork())
+    pool = _what_if_pool(sim_router, [c.state for c in prep.clusters.values()])
     if size is not None:
         new_id = f"__candidate_{size}"
-        sim_clusters.append(ClusterState(new_id, size, BillingTimer(minimum_s), price_per_unit_s))
+        pool.add_state(ClusterState(new_id, size, BillingTimer(minimum_s), price_per_unit_s), ready_s=t_avail)
+        if vertical:  # only the new cluster takes queries
+            for cid, c in pool.clusters.items():
+                c.retired = cid != new_id
+    sim_clusters = [c.state for c in pool.clusters.values()]
+    # cost as active × size × price: the order of the products is part of the seeded results
     cost_start = {c.cluster_id: c.timer.active_s(t_avail) * c.size * c.price_per_unit_s for c in sim_clusters}
-    world = _PredictedWorld(sim_router, sim_clusters, t_avail)
+    world = _PredictedWorld(pool, t_avail)
     late = {q.query_id: q for q in arrivals}
     violated: list[bool] = []
     completed = [0]
@@ -328,10 +358,7 @@ def _simulate_option(size: int | None, prep_router: Any, prep_clusters: list[Clu
             completed[0] += 1
             violated.append(t - q.arrival_s > q.slo_s)
 
-    def routable(c: ClusterState) -> bool:
-        return not (vertical and new_id) or c.cluster_id == new_id
-
-    world.run_until(arrivals, stop=lambda: completed[0] >= mu, on_done=on_done, routable=routable)
+    world.run_until(arrivals, stop=lambda: completed[0] >= mu, on_done=on_done)
     for c in sim_clusters:  # outstanding late arrivals count with their predicted latency (line 27)
         for r in sim_router.model.running_on(c.cluster_id):
             if r.query_id in late:
@@ -385,20 +412,18 @@ def find_best_spinup_size(*, now_s: float, window: Sequence[Query], window_s: fl
 
     # preparation period: once, shared by every option (lines 1-11)
     t_avail = now_s + delta_s
-    prep_router = make_router(router.model.fork())
-    prep_clusters = [ClusterState(c.cluster_id, c.size, c.timer.copy(), c.price_per_unit_s) for c in clusters]
-    prep = _PredictedWorld(prep_router, prep_clusters, now_s)
+    prep = _what_if_pool(make_router(router.model.fork()), clusters)
     next_id = -1_000_000_000
     prep_arrivals = copies(now_s, t_avail, next_id)
-    prep.run_until(prep_arrivals, stop=lambda: False, on_done=lambda q, t: None, t_end=t_avail)
+    _PredictedWorld(prep, now_s).run_until(prep_arrivals, stop=lambda: False, on_done=lambda q, t: None,
+                                           t_end=t_avail)
     next_id += len(prep_arrivals)
 
     outcomes: dict[str, tuple[float, float]] = {}
     for size in [None, *sorted(set(candidates))]:
         arrivals = copies(t_avail, math.inf, next_id)
         outcomes["none" if size is None else str(size)] = _simulate_option(
-            size, prep_router, prep_clusters, make_router, arrivals, t_avail, mu, minimum_s, price_per_unit_s,
-            vertical)
+            size, prep, make_router, arrivals, t_avail, mu, minimum_s, price_per_unit_s, vertical)
     keys = list(outcomes)
     best = best_with_target([outcomes[k] for k in keys], tau_target)
     best_key = (max(0.0, outcomes[keys[best]][0] - tau_target), outcomes[keys[best]][1])
@@ -408,28 +433,6 @@ def find_best_spinup_size(*, now_s: float, window: Sequence[Query], window_s: fl
     tied = [int(k) for k in keys if k != "none"
             and (max(0.0, outcomes[k][0] - tau_target), outcomes[k][1]) == best_key]
     return SizingOutcome(max(tied), outcomes)
-
-
-@dataclass
-class ClusterView:
-    """A cluster as the autoscaler sees it."""
-
-    cluster_id: str
-    size: int
-    ready: bool
-    spun_up_s: float
-    last_routed_s: float | None
-    running: int
-    state: ClusterState | None = None
-
-
-@dataclass(frozen=True)
-class ScalingAction:
-    """``spin_up`` (size), ``tear_down`` (cluster id) or ``retire_others`` (vertical: stop routing to the rest)."""
-
-    kind: str
-    size: int | None = None
-    cluster_id: str | None = None
 
 
 class Autoscaler:

@@ -165,11 +165,14 @@ class RouterSection:
         slo_margin: a query counts as violating once its predicted latency
             exceeds ``(1 - slo_margin) × SLO`` (0 is the paper's rule; a
             margin hedges against neighbours that arrive later). ``None``
-            (the default) derives it from the training log, see
-            ``risk_quantile`` and :mod:`sloctl.training.calibration`.
-        risk_quantile: with ``slo_margin: null``, the margin covers this
-            quantile of actual / predicted latency when the log is replayed
-            with only the neighbours seen on arrival.
+            (the default) takes the margin calibrated on the model's
+            training log and stored in its bundle, see ``risk_quantile``,
+            :mod:`sloctl.models.calibration` and
+            :func:`sloctl.registry.routers.build_router`.
+        risk_quantile: the margin covers this quantile of actual / predicted
+            latency when the training log is replayed with only the
+            neighbours seen on arrival (used when a model is trained, and
+            by experiments on a bundle saved without a margin).
         cost_tolerance: marginal costs closer than this fraction of a
             minimum billing window count as equal; ties then go to the
             placement that adds the least predicted latency.
@@ -195,8 +198,8 @@ class ServeSection:
             the runtime refuses to start unless ``--insecure`` is given.
         cluster_sizes: the routed pool, one size per cluster (ids c0, c1, ...).
         templates_log: a query log whose rows give each known template's plan
-            features (needed by Iconq+ and Stage; without it the runtime
-            routes round-robin).
+            features (needed by Iconq+ and Stage); ``None`` uses the table in
+            the model bundle, and a bundle without one routes round-robin.
         model_uri, fallback_uri: latency models by alias (Iconq+, then Stage).
         admission_uri, retry_uri, execution_uri: policies by alias (the last
             is the Policy Tuner's scheduled spin-ups and autoscaler knobs).

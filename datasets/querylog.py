@@ -45,6 +45,7 @@ __all__ = [
     "empty_features",
     "read_log",
     "read_metadata",
+    "template_table",
     "validate_log",
     "write_log",
 ]
@@ -241,3 +242,13 @@ def read_metadata(path: str | Path) -> dict[str, str]:
 def empty_features() -> dict[str, float]:
     """A plan-feature row with every feature unknown (NaN)."""
     return {name: math.nan for name in PLAN_FEATURES}
+
+
+def template_table(log: pd.DataFrame) -> pd.DataFrame:
+    """One row per template of ``log`` (its first): ``template``, ``sql_hash`` and the plan features.
+
+    This is what routers look a template up in (plan features for Iconq+,
+    ``sql_hash`` for Stage's cache of measured latencies); a model bundle
+    carries the table of its training log.
+    """
+    return log.drop_duplicates("template")[["template", "sql_hash", *PLAN_FEATURES]].reset_index(drop=True)

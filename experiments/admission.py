@@ -24,7 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sloctl.simulation.admission_policies import AdmitAll, ProtegoPolicy, SedaPolicy, SingleQueuePolicy, SvalinnPolicy
+from sloctl.control.admission import AdmitAll, Svalinn
+from sloctl.simulation.admission_policies import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
 from sloctl.simulation.server_sim import (
     DemandChange,
     RequestType,
@@ -75,8 +76,8 @@ def make_policy(name: str, types: Sequence[RequestType], config: ServerConfig, *
         return ProtegoPolicy()
     if name == "svalinn":
         priorities = {"high": 1, "low": 0} if {t.klass for t in types} >= {"high", "low"} else None
-        return SvalinnPolicy(config.cores, config.bandwidth_bytes_per_s, expected, priorities=priorities,
-                             seed=seed, **svalinn_kwargs)
+        return Svalinn.for_server(config.cores, config.bandwidth_bytes_per_s, expected, priorities=priorities,
+                                  seed=seed, **svalinn_kwargs)
     raise ValueError(f"The 'name' parameter of make_policy must be one of {', '.join(APPROACHES)}, got {name!r}.")
 
 

@@ -7,7 +7,8 @@ flood of ``/mem`` requests takes every worker and ``/cpu`` waits behind it —
 the single-queue fallacy on a small scale. ``build_app(controlled=True)``
 wraps the same handlers in :class:`~sloctl.serving.admission.AdmissionMiddleware`
 and guards the copy with an :class:`~sloctl.serving.admission.AsyncMSemaphore`
-(``try_acquire``: a copy that cannot start at once is dropped with 503).
+(``try_acquire``: a copy that cannot start at once is dropped with 503); both
+adapt one :class:`~sloctl.control.admission.Svalinn`, the object the simulator runs.
 
 Run it with ``SLOCTL_ADMISSION_CONTROLLED=1 uvicorn sloctl.experiments.admission_demo:app``.
 """
@@ -25,18 +26,26 @@ __all__ = ["LoadResult", "build_app", "run_load"]
 
 
 def build_app(*, controlled: bool, mem_mb: int = 64, msem_capacity: int = 2, credits: int = 16) -> Any:
-    """The demo app; ``controlled`` adds the admission middleware and the m_semaphore."""
+    """The demo app; ``controlled`` adds the admission middleware and the m_semaphore (one Svalinn behind both)."""
     import numpy as np
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
+    from sloctl.control.admission import MemoryGate, Svalinn
+    from sloctl.control.aqm import BottleneckAQM
     from sloctl.control.credits import ClassShare, CreditController
-    from sloctl.serving.admission import AdmissionMiddleware, AdmissionSettings, AsyncMSemaphore
+    from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore
 
     source = np.ones(mem_mb * 1024 * 1024 // 8)
     app = FastAPI(title="sloctl admission demo")
-    msem = AsyncMSemaphore(msem_capacity) if controlled else None
+    svalinn = msem = None
+    if controlled:
+        controller = CreditController(initial_credits=credits, min_credits=2, max_credits=256,
+                                      classes=[ClassShare("high", 2), ClassShare("low", 1)])
+        svalinn = Svalinn(controller, BottleneckAQM("server", servers=4),
+                          MemoryGate(msem_capacity, initial_hold_s=0.01))
+        msem = AsyncMSemaphore.around(svalinn.memory_)
 
     def copy() -> float:
         return float(source.copy()[0])
@@ -67,10 +76,8 @@ def build_app(*, controlled: bool, mem_mb: int = 64, msem_capacity: int = 2, cre
     async def healthz() -> Any:
         return {"ok": True}
 
-    if controlled:
-        controller = CreditController(initial_credits=credits, min_credits=2, max_credits=256,
-                                      classes=[ClassShare("high", 2), ClassShare("low", 1)])
-        return AdmissionMiddleware(app, controller, AdmissionSettings(concurrency=4))
+    if svalinn is not None:
+        return AdmissionMiddleware(app, svalinn=svalinn)
     return app
 
 

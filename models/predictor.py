@@ -5,6 +5,11 @@ the plan-feature scaler, and (for concurrency-aware variants) the trained
 :class:`~sloctl.models.iconq.IconqNet` — and predicts every query of a
 log-shaped frame given its neighbours in that frame. Pure computation, no I/O
 (saving and loading live in :mod:`sloctl.registry.bundles`).
+
+A trained predictor also carries what the Query Router needs beside the model
+(AutoSLO §5): the SLO margin calibrated on its training log and the plan
+features of every template it was trained on, so that every driver builds the
+same router from it (:func:`sloctl.registry.routers.build_router`).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from sloctl.models.stage import StageModel
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from sloctl.models.calibration import MarginCalibration
 
 __all__ = ["LatencyPredictor", "VARIANTS", "Variant"]
 
@@ -51,19 +58,33 @@ class LatencyPredictor:
         net: the Iconq network; ``None`` for a Stage-only predictor.
         variant: the variant ``net`` was trained as (ignored without ``net``).
         plan_feature_version: the plan-feature schema it was trained on.
+        calibration: the router's SLO margin calibrated on the training log
+            (:func:`~sloctl.models.calibration.calibrate_slo_margin`); ``None``
+            for a model saved by older code.
+        templates: one row per template seen in training (``template``,
+            ``sql_hash`` and the plan features), what a router looks
+            templates up in; ``None`` for a model saved by older code.
     """
 
     def __init__(self, stage: StageModel, scaler: FeatureScaler | None = None, net: Any = None,
-                 variant: Variant | None = None, plan_feature_version: str = PLAN_FEATURE_VERSION) -> None:
+                 variant: Variant | None = None, plan_feature_version: str = PLAN_FEATURE_VERSION,
+                 calibration: MarginCalibration | None = None, templates: pd.DataFrame | None = None) -> None:
         self.stage = stage
         self.scaler = scaler
         self.net = net
         self.variant = variant
         self.plan_feature_version = plan_feature_version
+        self.calibration = calibration
+        self.templates = templates
 
     @property
     def kind(self) -> str:
         return "stage" if self.net is None else "iconq"
+
+    @property
+    def slo_margin(self) -> float | None:
+        """The SLO margin calibrated on the training log, or ``None`` when the model carries none."""
+        return None if self.calibration is None else self.calibration.slo_margin
 
     def predict(self, frame: pd.DataFrame, *, neighbours: str = "auto") -> np.ndarray:
         """Latency in seconds of every row of ``frame``.

@@ -1,9 +1,13 @@
 """Save and load a :class:`~sloctl.models.predictor.LatencyPredictor` as a folder.
 
 Layout: ``meta.json`` (kind, schema versions, variant, network config,
-feature scaler, the Stage model as LightGBM text) and, for Iconq, ``iconq.pt``
-(the network's ``state_dict``). Loading checks the feature-schema version, so
-a bundle from another layout is refused instead of predicting garbage.
+feature scaler, the Stage model as LightGBM text, the router's SLO margin with
+its calibration under ``router_calibration``), for Iconq ``iconq.pt`` (the
+network's ``state_dict``), and ``templates.parquet`` (one row of plan features
+per template seen in training, named by ``meta["templates"]``). Loading checks
+the feature-schema version, so a bundle from another layout is refused instead
+of predicting garbage; a bundle written before margins and tables travelled
+with the model loads with both ``None``.
 """
 
 from __future__ import annotations
@@ -15,10 +19,13 @@ from pathlib import Path
 from sloctl.core.errors import SloctlError
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION, FeatureScaler
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
+from sloctl.models.calibration import MarginCalibration
 from sloctl.models.predictor import VARIANTS, LatencyPredictor
 from sloctl.models.stage import StageModel
 
 __all__ = ["ModelSchemaError", "check_log_schema", "load_predictor", "save_predictor"]
+
+TEMPLATES_FILE = "templates.parquet"
 
 
 class ModelSchemaError(SloctlError, ValueError):
@@ -42,6 +49,11 @@ def save_predictor(predictor: LatencyPredictor, folder: str | Path) -> Path:
         meta["iconq_config"] = asdict(predictor.net.config)
         meta["scaler"] = predictor.scaler.to_dict()
         torch.save(predictor.net.state_dict(), folder / "iconq.pt")
+    if predictor.calibration is not None:
+        meta["router_calibration"] = predictor.calibration.to_dict()
+    if predictor.templates is not None:
+        predictor.templates.to_parquet(folder / TEMPLATES_FILE, index=False)
+        meta["templates"] = TEMPLATES_FILE
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 
@@ -59,17 +71,23 @@ def load_predictor(folder: str | Path) -> LatencyPredictor:
             f"The model at {folder} uses feature schema {meta.get('feature_schema_version')!r}, but this "
             f"sloctl builds {FEATURE_SCHEMA_VERSION!r}; retrain it on a log collected with this version.")
     version = meta["plan_feature_version"]
-    predictor = LatencyPredictor(StageModel.from_dict(meta["stage"]), plan_feature_version=version)
-    if meta["kind"] == "iconq":
-        import torch
+    calibration = MarginCalibration.from_dict(meta["router_calibration"]) if "router_calibration" in meta else None
+    templates = None
+    if "templates" in meta:
+        import pandas as pd
 
-        from sloctl.models.iconq import IconqConfig, IconqNet
+        templates = pd.read_parquet(folder / meta["templates"])
+    stage = StageModel.from_dict(meta["stage"])
+    if meta["kind"] != "iconq":
+        return LatencyPredictor(stage, plan_feature_version=version, calibration=calibration, templates=templates)
+    import torch
 
-        net = IconqNet(IconqConfig(**meta["iconq_config"]))
-        net.load_state_dict(torch.load(folder / "iconq.pt", map_location="cpu", weights_only=True))
-        predictor = LatencyPredictor(predictor.stage, FeatureScaler.from_dict(meta["scaler"]), net.eval(),
-                                     VARIANTS[meta["variant"]], plan_feature_version=version)
-    return predictor
+    from sloctl.models.iconq import IconqConfig, IconqNet
+
+    net = IconqNet(IconqConfig(**meta["iconq_config"]))
+    net.load_state_dict(torch.load(folder / "iconq.pt", map_location="cpu", weights_only=True))
+    return LatencyPredictor(stage, FeatureScaler.from_dict(meta["scaler"]), net.eval(), VARIANTS[meta["variant"]],
+                            plan_feature_version=version, calibration=calibration, templates=templates)
 
 
 def check_log_schema(predictor: LatencyPredictor, log_metadata: dict[str, str], source: str) -> None:

@@ -1,8 +1,10 @@
-"""The MLflow pyfunc wrapper that serves Stage and Iconq predictors.
+"""The MLflow pyfunc wrappers: Stage and Iconq predictors, and policy documents.
 
-``predict`` takes a log-shaped DataFrame (plan features, ``cluster_size``,
-``cluster_id``, ``arrival_s``, optionally ``start_s``/``end_s``) and returns
-each row's predicted latency in seconds given the other rows as neighbours.
+:class:`LatencyPyfunc`'s ``predict`` takes a log-shaped DataFrame (plan
+features, ``cluster_size``, ``cluster_id``, ``arrival_s``, optionally
+``start_s``/``end_s``) and returns each row's predicted latency in seconds
+given the other rows as neighbours. :class:`PolicyPyfunc` serves a policy
+document.
 """
 
 from __future__ import annotations
@@ -30,25 +32,25 @@ class LatencyPyfunc(mlflow.pyfunc.PythonModel):
 
 
 class PolicyPyfunc(mlflow.pyfunc.PythonModel):
-    """Serves a policy document (``retry-policy``, ``admission-policy``) registered as JSON.
+    """Serves a typed policy (:mod:`sloctl.control.policies`) registered as its JSON document.
 
-    The whole document is on ``.policy`` (``unwrap_python_model().policy``).
-    For a retry policy, ``predict`` takes rows with ``class`` and ``service``
-    columns and returns each row's retry budget k; for other kinds it returns
-    the document as one JSON string.
+    ``load_context`` reads the document once with
+    :func:`~sloctl.control.policies.policy_from_doc` (validated; documents
+    registered before schema versions load as version 1) and keeps the typed
+    policy on ``.policy`` (``unwrap_python_model().policy``). ``predict``
+    returns the same type for every kind: the document, ``policy.to_doc()``,
+    as a dict; its input is ignored. Per-row retry budgets are
+    :meth:`~sloctl.control.policies.RetryPolicy.budgets` on the typed policy.
     """
 
     def load_context(self, context: Any) -> None:
         import json
         from pathlib import Path
 
-        self.policy = json.loads(Path(context.artifacts["policy"]).read_text())
+        from sloctl.control.policies import policy_from_doc
 
-    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
-        import json
+        self.policy = policy_from_doc(json.loads(Path(context.artifacts["policy"]).read_text()))
 
-        if self.policy.get("kind") == "retry-policy":
-            retries = self.policy["retries"]
-            return np.array([retries[c][s] for c, s in zip(model_input["class"], model_input["service"],
-                                                           strict=True)])
-        return np.array([json.dumps(self.policy)])
+    def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None
+                ) -> dict[str, Any]:
+        return self.policy.to_doc()

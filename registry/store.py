@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sloctl.control.policies import PolicyDocument
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
 
@@ -174,14 +175,18 @@ def load_model(uri: str, *, tracking_uri: str) -> Any:
     return model.unwrap_python_model().predictor
 
 
-def register_policy(doc: dict[str, Any], *, name: str, tracking_uri: str, experiment: str, data_hash: str,
-                    params: dict[str, Any], metrics: dict[str, float], tags: dict[str, str] | None = None,
-                    alias: str = CHAMPION) -> str:
-    """Log a policy document (JSON) as a pyfunc model, register it as ``name`` and move ``alias`` to it.
+def register_policy(policy: PolicyDocument, *, tracking_uri: str, experiment: str, name: str | None = None,
+                    params: dict[str, Any] | None = None, metrics: dict[str, float | None] | None = None,
+                    tags: dict[str, str] | None = None, alias: str = CHAMPION) -> str:
+    """Log a typed policy (:mod:`sloctl.control.policies`) as a pyfunc model and register it.
 
-    Policies (retry budgets, admission settings) are chosen by search, not
-    trained against a held-out split, so the newest registration becomes the
-    champion; ``alias=""`` registers without moving it.
+    The document (``policy.to_doc()``) is validated by reading it back before
+    anything is logged, stored as JSON, and registered as ``name`` (default:
+    ``policy.kind``). Its provenance becomes run tags (``data_hash``,
+    ``source``, ...). Policies (retry budgets, admission settings, execution
+    configurations) are chosen by search, not trained against a held-out
+    split, so the newest registration becomes the champion; ``alias=""``
+    registers without moving it.
 
     Returns:
         The registered version.
@@ -194,12 +199,16 @@ def register_policy(doc: dict[str, Any], *, name: str, tracking_uri: str, experi
     with _quiet_pyfunc_logging():
         from sloctl.registry.pyfunc import PolicyPyfunc
 
+    name = name or policy.kind
+    doc = policy.to_doc()
+    type(policy).from_doc(json.loads(json.dumps(doc)))  # what is registered must load back
     mlflow = connect(tracking_uri)
     mlflow.set_experiment(experiment)
     with mlflow.start_run(run_name=f"tune-{name}"):
-        mlflow.set_tags({"data_hash": data_hash, "model_kind": name, **(tags or {})})
-        mlflow.log_params(params)
-        mlflow.log_metrics({k: float(v) for k, v in metrics.items() if v is not None and math.isfinite(v)})
+        mlflow.set_tags({**policy.provenance, "model_kind": name, "policy_kind": policy.kind,
+                         "policy_version": str(policy.version), **(tags or {})})
+        mlflow.log_params(params or {})
+        mlflow.log_metrics({k: float(v) for k, v in (metrics or {}).items() if v is not None and math.isfinite(v)})
         with tempfile.TemporaryDirectory() as tmp, _quiet_pyfunc_logging():
             path = Path(tmp) / "policy.json"
             path.write_text(json.dumps(doc, indent=2))
@@ -212,9 +221,20 @@ def register_policy(doc: dict[str, Any], *, name: str, tracking_uri: str, experi
     return version
 
 
-def load_policy(uri: str, *, tracking_uri: str) -> dict[str, Any]:
-    """The policy document registered under ``uri`` (e.g. ``models:/retry-policy@champion``)."""
+def load_policy(uri: str, *, tracking_uri: str, kind: str | None = None) -> PolicyDocument:
+    """The typed policy registered under ``uri`` (e.g. ``models:/retry-policy@champion``).
+
+    Documents registered before schema versions existed load as version 1.
+
+    Args:
+        uri: a registry URI or a run's model URI.
+        tracking_uri: the MLflow store.
+        kind: the expected kind (e.g. ``RetryPolicy.kind``); another kind is refused.
+    """
     mlflow = connect(tracking_uri)
     with _quiet_pyfunc_logging():
         model = mlflow.pyfunc.load_model(uri)
-    return model.unwrap_python_model().policy
+    policy = model.unwrap_python_model().policy
+    if kind is not None and policy.kind != kind:
+        raise ValueError(f"The policy at {uri} must be of kind {kind!r}, got {policy.kind!r}.")
+    return policy

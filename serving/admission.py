@@ -1,31 +1,40 @@
 """Svalinn admission control in front of any ASGI app (Starlette, FastAPI), and an asyncio m_semaphore.
 
+Both are thin adapters around one :class:`~sloctl.control.admission.Svalinn`,
+the object the simulator drives too: it makes every decision, and the
+adapters only turn ASGI events, awaits and the clock into its calls.
+
 ``AdmissionMiddleware`` reads each request's priority class and SLO budget
-from headers, asks the credit controller for a credit, drops the request
-before it queues when the server's expected wait exceeds its remaining budget
-(per-bottleneck AQM), and answers ``503`` with ``Retry-After`` and a JSON body
-when it drops. It counts decisions in Prometheus metrics. The controller runs
-its micro-experiments on the request path (``tick`` on every request), so no
+from headers and hands the request to Svalinn: a credit (``on_arrival``), the
+server's AQM (``on_enqueue``; the request waits at the server until it
+completes), completion (``on_dequeue`` + ``on_complete``) or drop
+(``on_drop``). A drop is answered ``503`` with ``Retry-After`` and a JSON body.
+It counts decisions in Prometheus metrics. The controller runs its
+micro-experiments on the request path (``tick`` on every request), so no
 background thread is needed.
 
-``AsyncMSemaphore`` wraps a memory-heavy path: ``try_acquire`` never queues,
+``AsyncMSemaphore`` wraps a memory-heavy path with Svalinn's
+:class:`~sloctl.control.admission.MemoryGate`: ``try_acquire`` never queues,
 ``acquire(budget)`` queues FIFO only while the expected wait fits the budget,
 and an optional bandit tuner moves its capacity every ``interval_s`` from the
-bytes the handlers report.
+bytes the handlers report. :meth:`AsyncMSemaphore.around` shares the gate of
+the middleware's Svalinn.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
+from sloctl.control.admission import InFlightRequest, MemoryGate, RequestProfile, Svalinn
 from sloctl.control.aqm import BottleneckAQM, DelayBudget
-from sloctl.control.credits import CreditController
+from sloctl.control.credits import ClassShare, CreditController
+from sloctl.control.policies import AdmissionPolicy
 
 __all__ = ["AdmissionMiddleware", "AdmissionSettings", "AsyncMSemaphore", "MSemaphoreDropped"]
 
@@ -75,47 +84,72 @@ class _Metrics:
 
 
 class AdmissionMiddleware:
-    """ASGI middleware: credits + server AQM per request, 503 on drop.
+    """ASGI middleware around a :class:`~sloctl.control.admission.Svalinn`: credits + server AQM, 503 on drop.
+
+    Without ``svalinn`` it builds one from ``controller``, an AQM with the
+    settings' ``concurrency`` as servers and an m_semaphore of that capacity
+    (unused unless an :class:`AsyncMSemaphore` is put :meth:`~AsyncMSemaphore.around` it).
 
     Args:
         app: the ASGI app to protect.
         controller: the credit controller (default: one with the library defaults and the settings' classes).
         settings: headers and defaults.
         clock: monotonic clock in seconds (tests may pass their own).
+        svalinn: a ready Svalinn to drive instead (then ``controller`` must be None and
+            ``settings.concurrency`` is not read); share it with an :class:`AsyncMSemaphore`
+            so that one object makes every decision.
     """
 
     def __init__(self, app: Callable, controller: CreditController | None = None,
-                 settings: AdmissionSettings | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 settings: AdmissionSettings | None = None, clock: Callable[[], float] = time.monotonic, *,
+                 svalinn: Svalinn | None = None) -> None:
         self.app = app
         self.settings = settings or AdmissionSettings()
-        if controller is None:
-            from sloctl.control.credits import ClassShare
-
-            n = len(self.settings.classes)
-            controller = CreditController(classes=[ClassShare(c, n - i) for i, c in enumerate(self.settings.classes)])
-        self.controller = controller
-        self.aqm = BottleneckAQM("server", servers=self.settings.concurrency)
+        if svalinn is None:
+            if controller is None:
+                n = len(self.settings.classes)
+                controller = CreditController(classes=[ClassShare(c, n - i)
+                                                       for i, c in enumerate(self.settings.classes)])
+            servers = self.settings.concurrency
+            svalinn = Svalinn(controller, BottleneckAQM("server", servers=servers), MemoryGate(servers))
+        elif controller is not None:
+            raise ValueError("The 'controller' parameter of AdmissionMiddleware must be None when 'svalinn' is "
+                             f"given (its credits are svalinn.credits_), got {controller!r}.")
+        self.svalinn = svalinn
         self.clock = clock
         self.metrics = _Metrics()
 
-    @classmethod
-    def from_policy(cls, app: Callable, policy: Mapping[str, Any], settings: AdmissionSettings | None = None
-                    ) -> AdmissionMiddleware:
-        """A middleware whose controller comes from an ``admission-policy`` document."""
-        from sloctl.training.admission_policy import controller_from_policy
+    @property
+    def controller(self) -> CreditController:
+        """The credit controller (``svalinn.credits_``)."""
+        return self.svalinn.credits_
 
-        classes = tuple(c["name"] for c in sorted(policy.get("classes", []), key=lambda c: -c["priority"]))
+    @property
+    def aqm(self) -> BottleneckAQM:
+        """The server's AQM (``svalinn.cpu_aqm_``)."""
+        return self.svalinn.cpu_aqm_
+
+    @classmethod
+    def from_policy(cls, app: Callable, policy: AdmissionPolicy, settings: AdmissionSettings | None = None
+                    ) -> AdmissionMiddleware:
+        """A middleware whose controller comes from an :class:`~sloctl.control.policies.AdmissionPolicy`.
+
+        Without ``settings``, the policy's classes (most important first) are
+        the known classes and the most important one is the default.
+        """
+        classes = policy.class_names()
         if settings is None:
             settings = AdmissionSettings(**({"classes": classes, "default_class": classes[0]} if classes else {}))
-        return cls(app, controller_from_policy(policy), settings)
+        return cls(app, policy.controller(), settings)
 
     @classmethod
-    def from_registry(cls, app: Callable, *, tracking_uri: str, uri: str = "models:/admission-policy@champion",
+    def from_registry(cls, app: Callable, *, tracking_uri: str,
+                      uri: str = f"models:/{AdmissionPolicy.kind}@champion",
                       settings: AdmissionSettings | None = None) -> AdmissionMiddleware:
         """A middleware configured from the registered admission policy (by alias)."""
         from sloctl.registry.store import load_policy
 
-        return cls.from_policy(app, load_policy(uri, tracking_uri=tracking_uri), settings)
+        return cls.from_policy(app, load_policy(uri, tracking_uri=tracking_uri, kind=AdmissionPolicy.kind), settings)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("path") in self.settings.exempt_paths:
@@ -131,27 +165,26 @@ class AdmissionMiddleware:
         raw_budget = headers.get(self.settings.budget_header)
         try:
             budget_ms = self.settings.default_budget_ms if raw_budget is None else float(raw_budget)
-            if not budget_ms > 0:
+            if not (math.isfinite(budget_ms) and budget_ms / 1000.0 > 0):
                 raise ValueError
         except ValueError:
             await _json(send, 400, {"error": f"header {self.settings.budget_header!r} must be a positive number of "
                                              f"milliseconds, got {raw_budget!r}", "field": self.settings.budget_header})
             return
         now = self.clock()
-        self.controller.tick(now)
-        budget = DelayBudget(budget_ms / 1000.0)
-        if not self.controller.try_acquire(klass, now):
-            await self._drop(send, klass, "no_credit")
+        svalinn = self.svalinn
+        svalinn.tick(now)
+        req = InFlightRequest(RequestProfile(klass, klass, budget_ms / 1000.0), now)
+        if not svalinn.on_arrival(req, now):
+            await self._drop(send, req, now, "no_credit")
             return
-        if self.aqm.should_drop(budget):
-            self.controller.record_drop(klass, now)
-            await self._drop(send, klass, "queue_budget")
+        if not svalinn.on_enqueue(req, "cpu", svalinn.cpu_aqm_.queue_len, now):
+            await self._drop(send, req, now, "queue_budget")
             return
         self.metrics.decisions.labels(klass, "admitted").inc()
         self.metrics.in_flight.set(self.controller.in_flight)
         self.metrics.credits.set(self.controller.credits)
         status = 500
-        self.aqm.joined()
 
         async def send_status(message: MutableMapping[str, Any]) -> None:
             nonlocal status
@@ -160,18 +193,20 @@ class AdmissionMiddleware:
             await send(message)
 
         try:
-            scope.setdefault("state", {})["sloctl_budget"] = budget
+            scope.setdefault("state", {})["sloctl_budget"] = req.ctx["budget"]
             await self.app(scope, receive, send_status)
         finally:
             done = self.clock()
-            hold = done - now
-            self.aqm.left(0.0, budget)
-            self.aqm.observe_hold(hold)
-            self.metrics.latency.labels(klass).observe(hold)
-            self.controller.release(klass, done, ok=status < 500, within_slo=hold <= budget_ms / 1000.0)
+            req.core_s, req.ok = done - now, status < 500
+            # The app's own queue is invisible from here: a request waits at the server until it completes.
+            svalinn.on_dequeue(req, "cpu", 0.0, done)
+            svalinn.on_complete(req, done)
+            self.metrics.latency.labels(klass).observe(req.core_s)
             self.metrics.in_flight.set(self.controller.in_flight)
 
-    async def _drop(self, send: Send, klass: str, reason: str) -> None:
+    async def _drop(self, send: Send, req: InFlightRequest, now: float, reason: str) -> None:
+        self.svalinn.on_drop(req, now, partial=False)
+        klass = req.rtype.klass
         self.metrics.decisions.labels(klass, reason).inc()
         await _json(send, 503, {"error": "overloaded, retry later", "reason": reason, "class": klass},
                     extra=[(b"retry-after", str(self.settings.retry_after_s).encode())])
@@ -194,119 +229,161 @@ class MSemaphoreDropped(Exception):
     """The m_semaphore refused a caller (no free slot, or the wait would not fit its budget)."""
 
 
+_CALLER = RequestProfile("m_semaphore", "all", math.inf)  # no deadline: the budget was checked on entry
+
+
+@dataclass(eq=False)
+class _Caller(InFlightRequest):
+    """A caller of the m_semaphore as the gate sees it, and the future its hand-off resolves."""
+
+    future: asyncio.Future | None = None
+
+
 class AsyncMSemaphore:
     """An asyncio m_semaphore: one shared capacity for every annotated memory-heavy path.
+
+    A thin adapter around a :class:`~sloctl.control.admission.MemoryGate`
+    (Svalinn's m_semaphore and its bandit, §4.3), which makes every decision —
+    take a slot, park, drop, hand a freed slot to the oldest parked caller,
+    resize; a parked caller awaits a future that the hand-off resolves.
+    :meth:`around` puts it around an existing gate, e.g. the one inside the
+    middleware's :class:`~sloctl.control.admission.Svalinn`.
 
     Args:
         capacity: initial number of concurrent holders.
         expected_hold_s: initial guess of a holder's time (an EWMA of real holds replaces it).
-        tuner: optional bandit (``select(now_s) -> int``, ``update(capacity, bandwidth, now_s)``) that sets
-            the capacity every ``interval_s`` from the bytes reported with :meth:`record_bytes`.
+        tuner: optional bandit from :mod:`sloctl.control.msemaphore` that sets the capacity every
+            ``interval_s`` from the bytes reported with :meth:`record_bytes`.
         interval_s: tuning interval (the paper's 500 µs is below asyncio's resolution; 10 ms by default).
+        clock: monotonic clock in seconds.
     """
 
     def __init__(self, capacity: int, *, expected_hold_s: float = 0.01, tuner: Any = None,
                  interval_s: float = 0.01, clock: Callable[[], float] = time.monotonic) -> None:
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"The 'capacity' parameter of AsyncMSemaphore must be an integer >= 1, got {capacity!r}.")
-        self.capacity = capacity
-        self.in_use = 0
-        self.hold_s = expected_hold_s
-        self.tuner = tuner
+        self._attach(MemoryGate(capacity, tuner, initial_hold_s=expected_hold_s), interval_s, clock)
+
+    @classmethod
+    def around(cls, gate: MemoryGate, *, interval_s: float = 0.01, clock: Callable[[], float] = time.monotonic
+               ) -> AsyncMSemaphore:
+        """An m_semaphore whose decisions ``gate`` makes (e.g. ``svalinn.memory_``, shared with the middleware)."""
+        sem = cls.__new__(cls)
+        sem._attach(gate, interval_s, clock)
+        return sem
+
+    def _attach(self, gate: MemoryGate, interval_s: float, clock: Callable[[], float]) -> None:
+        if not (math.isfinite(interval_s) and interval_s > 0):
+            raise ValueError(f"The 'interval_s' parameter of AsyncMSemaphore must be > 0, got {interval_s!r}.")
+        self.gate = gate
         self.interval_s = interval_s
         self.clock = clock
-        self._waiters: deque[asyncio.Future] = deque()
         self._bytes = 0.0
         self._window_start = clock()
 
     @property
+    def capacity(self) -> int:
+        return self.gate.msem_.capacity
+
+    @property
+    def in_use(self) -> int:
+        return self.gate.msem_.in_use
+
+    @property
     def queued(self) -> int:
-        return len(self._waiters)
+        return self.gate.msem_.queued
+
+    @property
+    def hold_s(self) -> float:
+        """The expected hold (EWMA of reported holds, seconds)."""
+        return self.gate.hold_s_
+
+    @property
+    def tuner(self) -> Any:
+        return self.gate.tuner_
 
     def try_acquire(self) -> bool:
         """Take a slot only if one is free and nobody waits; never queues."""
-        self._maybe_tune()
-        if self.in_use < self.capacity and not self._waiters:
-            self.in_use += 1
-            return True
-        return False
+        now = self.clock()
+        self._maybe_tune(now)
+        return self.gate.try_wait(now)
 
     async def acquire(self, budget: DelayBudget | float | None = None) -> None:
         """Take a slot, queueing FIFO only while the expected wait fits ``budget`` (seconds or DelayBudget).
 
+        The wait is deducted from a :class:`~sloctl.control.aqm.DelayBudget`; a refused one is dropped
+        (its cleanups run).
+
         Raises:
             MSemaphoreDropped: the expected wait exceeds the remaining budget.
         """
-        if self.try_acquire():
+        now = self.clock()
+        self._maybe_tune(now)
+        caller = _Caller(_CALLER, now, future=asyncio.get_running_loop().create_future())
+        caller.ctx["budget"] = math.inf if budget is None else budget
+        outcome = self.gate.mem_gate(caller, now)
+        if outcome == "acquired":
             return
-        remaining = budget.remaining_s if isinstance(budget, DelayBudget) else budget
-        expected = (len(self._waiters) + 1) * self.hold_s / self.capacity
-        if remaining is not None and expected > remaining:
+        if outcome == "dropped":
+            remaining = budget.remaining_s if isinstance(budget, DelayBudget) else budget
+            expected = (self.queued + 1) * self.hold_s / self.capacity
             raise MSemaphoreDropped(f"expected wait {expected * 1000:.1f} ms exceeds the remaining budget "
                                     f"{remaining * 1000:.1f} ms")
-        start = self.clock()
-        future = asyncio.get_running_loop().create_future()
-        self._waiters.append(future)
         try:
-            await future  # the slot is handed over by release(): in_use already counts us
+            await caller.future  # resolved by a hand-off: the slot is already ours
         except asyncio.CancelledError:
-            if future in self._waiters:
-                self._waiters.remove(future)
-            elif future.done() and not future.cancelled():
-                self.release()
+            if caller.future.cancelled():
+                self.gate.on_drop(caller, self.clock(), partial=True)  # leaves the queue if still parked
+            else:
+                self.release()  # the slot was handed over just as we were cancelled
             raise
-        if isinstance(budget, DelayBudget):
-            budget.deduct(self.clock() - start)
 
     def release(self, hold_s: float | None = None) -> None:
         """Free a slot, handing it straight to the oldest waiter (FIFO) when there is one."""
-        if hold_s is not None:
-            self.hold_s = 0.8 * self.hold_s + 0.2 * hold_s
-        while self._waiters and self.in_use <= self.capacity:  # a shrunk capacity takes this slot instead
-            future = self._waiters.popleft()
-            if not future.done():
-                future.set_result(None)
-                return  # the slot passes to the waiter; in_use unchanged
-        self.in_use -= 1
-        self._maybe_tune()
+        now = self.clock()
+        done = _Caller(_CALLER, now, mem_s=math.nan if hold_s is None else hold_s)
+        self._wake(self.gate.mem_release(done, now))
+        self._maybe_tune(now)
 
     def record_bytes(self, n: float) -> None:
         """Bytes a holder moved (the tuner's bandwidth signal)."""
         self._bytes += n
 
-    def _maybe_tune(self) -> None:
-        if self.tuner is None:
-            return
-        now = self.clock()
-        if now - self._window_start < self.interval_s:
-            return
-        bandwidth = self._bytes / (now - self._window_start)
-        self.tuner.update(self.capacity, bandwidth, now)
-        self.capacity = max(1, int(self.tuner.select(now)))
-        self._bytes, self._window_start = 0.0, now
-        while self._waiters and self.in_use < self.capacity:
-            future = self._waiters.popleft()
-            if not future.done():
-                self.in_use += 1
-                future.set_result(None)
+    def _wake(self, granted: list) -> None:
+        for caller in granted:
+            if caller.future is not None and not caller.future.done():
+                caller.future.set_result(None)
+            else:  # its caller gave up meanwhile: pass the slot on
+                self.release()
+
+    def _maybe_tune(self, now: float) -> None:
+        """Every ``interval_s``: the window's bandwidth and a tick to the gate; then wake whoever it granted."""
+        if now - self._window_start >= self.interval_s:
+            self.gate.observe_bandwidth(self._bytes / (now - self._window_start), now)
+            self._bytes, self._window_start = 0.0, now
+            self.gate.tick(now)
+            for caller in self.gate.mem_expired(now):
+                if caller.future is not None and not caller.future.done():
+                    caller.future.set_exception(MSemaphoreDropped("its deadline passed while it waited"))
+        self._wake(self.gate.mem_release(None, now))
 
     @classmethod
-    def from_policy(cls, policy: Mapping[str, Any], *, tune: bool = False, max_bandwidth: float = 1.0
+    def from_policy(cls, policy: AdmissionPolicy, *, tune: bool = False, max_bandwidth: float = 1.0
                     ) -> AsyncMSemaphore:
-        """An m_semaphore with an ``admission-policy``'s capacity; with ``tune``, a bandit warm-started
-        from the policy's arm values (``max_bandwidth`` in the units passed to :meth:`record_bytes` per second)."""
-        msem = policy["msem"]
+        """An m_semaphore with an :class:`~sloctl.control.policies.AdmissionPolicy`'s capacity; with ``tune``, a
+        bandit warm-started from its arm values (``max_bandwidth`` in the units passed to :meth:`record_bytes`
+        per second)."""
+        msem = policy.msem
         tuner = None
         if tune:
             from sloctl.control.msemaphore import EpsilonGreedyTuner
 
-            values = {int(k): float(v) for k, v in msem.get("arm_values", {}).items()}
-            tuner = EpsilonGreedyTuner(max(values, default=msem["capacity"]) or 1, max_bandwidth,
-                                       alpha=msem.get("alpha", 0.7), omega=msem.get("omega", 0.8),
-                                       epsilon=msem.get("epsilon", 0.3), initial_capacity=msem["capacity"])
+            values = dict(msem.arm_values)
+            tuner = EpsilonGreedyTuner(max(values, default=msem.capacity) or 1, max_bandwidth, alpha=msem.alpha,
+                                       omega=msem.omega, epsilon=msem.epsilon, initial_capacity=msem.capacity)
             if values:
                 tuner.warm_start(values)
-        return cls(int(msem["capacity"]), tuner=tuner)
+        return cls(msem.capacity, tuner=tuner)
 
     async def __aenter__(self) -> AsyncMSemaphore:
         await self.acquire()

@@ -154,10 +154,11 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         if kind == "round-robin":
             metrics.decisions.labels("predict", "no_model").inc()
             return {"latency_s": None, "isolated_latency_s": None, "model": None, "fallback": True,
-                    "note": "no latency model is loaded (or no templates_log); nothing to predict with"}
+                    "note": "no latency model is loaded (or no template table: no templates_log and none in "
+                            "the model bundle); nothing to predict with"}
         for name in [body.template, *(n.template for n in body.neighbours)]:
-            rt.check_template(name)
-        frame = _what_if(rt.templates, body)
+            rt.check_template(name, kind)
+        frame = _what_if(rt.templates_for(kind), body)
         predictor = rt.slots[kind].value
         latency = float(predictor.predict(frame, neighbours="all")[0])
         metrics.decisions.labels("predict", "ok").inc()
@@ -224,8 +225,8 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         slot = rt.slots["retry"]
         if slot.value is None:
             return _error(404, f"no retry policy registered at {slot.uri} (run `sloctl retry optimise`)")
-        return {"retries": slot.value["retries"], "predicted": slot.value.get("predicted"),
-                "source": f"{slot.uri} v{slot.version}"}
+        doc = slot.value.to_doc()  # a RetryPolicy
+        return {"retries": doc["retries"], "predicted": doc["predicted"], "source": f"{slot.uri} v{slot.version}"}
 
     @app.get("/v1/retry-policy/envoy")
     def retry_policy_envoy(service: str = Query(min_length=1, max_length=200)) -> Any:
@@ -245,7 +246,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         slot = runtime().slots["execution"]
         if slot.value is None:
             return _error(404, f"no execution configuration registered at {slot.uri} (run `sloctl tune policy`)")
-        return {**slot.value, "source": f"{slot.uri} v{slot.version}"}
+        return {**slot.value.to_doc(), "source": f"{slot.uri} v{slot.version}"}  # an ExecutionPlan
 
     @app.get("/metrics")
     def prometheus() -> Response:

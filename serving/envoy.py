@@ -1,11 +1,12 @@
 """Envoy and Istio configuration from a registered retry policy (DiffTry per-class retry budgets).
 
-A retry policy document (:meth:`sloctl.training.retry_budget.RetryPolicy.to_json`)
-holds ``retries: {class: {service: k}}``. DiffTry ("Prioritizing Microservice
-Requests via Retries", §IV) prioritises a class by letting it retry more: an
-attempt that finds a full buffer is rejected, and a class with a larger k gets
-more chances to get in. A sidecar enforces this by reading the class from a
-request header and giving each class its own ``num_retries``.
+A retry policy (:class:`sloctl.control.policies.RetryPolicy`, or its document
+``to_doc()``) holds ``retries: {class: {service: k}}``. DiffTry
+("Prioritizing Microservice Requests via Retries", §IV) prioritises a class
+by letting it retry more: an attempt that finds a full buffer is rejected,
+and a class with a larger k gets more chances to get in. A sidecar enforces
+this by reading the class from a request header and giving each class its
+own ``num_retries``.
 
 For calls into one service this module builds
 
@@ -55,9 +56,12 @@ _DNS1123_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
 # -- policy ----------------------------------------------------------------------------
 def _policy_doc(policy: Any) -> Mapping[str, Any]:
-    """The policy as a mapping (a :class:`RetryPolicy` is converted with ``to_json``)."""
-    if hasattr(policy, "to_json"):
-        policy = policy.to_json()
+    """The policy as a mapping (a :class:`~sloctl.control.policies.RetryPolicy` is converted with ``to_doc``).
+
+    Duck-typed, so that the sidecar sync (which imports this module) stays free of numpy.
+    """
+    if hasattr(policy, "to_doc"):
+        policy = policy.to_doc()
     if not isinstance(policy, Mapping):
         raise ValueError(f"The 'policy' parameter must be a retry-policy mapping, got {type(policy).__name__}.")
     return policy

@@ -1,11 +1,12 @@
 """Query routers on live DuckDB clusters: the same router runs live unchanged.
 
 :func:`run_live` spins up real clusters (:class:`~sloctl.datasets.duckdb_pool.DuckDBClusterPool`),
-replays queries open-loop at their arrival times, asks a router
-(:mod:`sloctl.control.router`) where each one runs, and bills every cluster
-with the same :class:`~sloctl.control.billing.BillingTimer` the simulator
-uses. The live comparisons built on it are in
-:mod:`sloctl.experiments.live_warehouse`.
+replays queries open-loop at their arrival times, and runs the same control
+step as the simulator (:class:`~sloctl.control.managed.ManagedPool`: a router
+from :mod:`sloctl.control.router` chooses where each query runs, billing
+timers follow every start and end, the autoscaler scales); this module only
+supplies the run clock and the real clusters. The live comparisons built on
+it are in :mod:`sloctl.experiments.live_warehouse`.
 
 All times are seconds on one run clock whose zero is a start instant taken
 after every cluster is ready (a short lead ahead, so the first arrival is not
@@ -22,9 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sloctl.control.autoscaler import ClusterView
-from sloctl.control.billing import BillingTimer
-from sloctl.control.router import ClusterState, Query
+from sloctl.control.managed import ManagedPool
+from sloctl.control.router import Query
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.pool import QueryRequest
 
@@ -137,7 +137,10 @@ def run_live(
             consulted at every arrival exactly as in simulation; its spin-ups
             start real cluster processes (ready after process start plus
             ``warmup_s``; a size that does not fit on the machine is refused
-            and recorded), its teardowns stop them.
+            and recorded), its teardowns stop them, and a vertical
+            ``retire_others`` stops routing to the other clusters once the
+            new one is ready (the same :class:`~sloctl.control.managed.ManagedPool`
+            step as in simulation).
         warmup_s: warm-up delay of every spin-up.
 
     Returns:
@@ -153,120 +156,97 @@ def run_live(
 
     _validate(queries, clusters, sql_by_template, price_per_unit_s, timeout_s)
     pending = sorted(queries, key=lambda q: (q.arrival_s, q.query_id))
-    states = {cid: ClusterState(cid, size, BillingTimer(minimum_s), price_per_unit_s) for cid, size in clusters}
-    # last time each timer has seen: ours, and the router's (cost-aware routers query every timer at now_s)
-    last_s = {cid: -math.inf for cid in states}
-    in_flight: dict[int, tuple[Query, str, float, float]] = {}  # id -> (query, cluster, predicted_s, routed_s)
     records: dict[int, dict[str, Any]] = {}
-
-    events: list[dict[str, Any]] = []
-    spun_up_s = {cid: 0.0 for cid in states}
-    last_routed: dict[str, float | None] = {cid: None for cid in states}
-    ready = set(states)
-    gone: set[str] = set()
 
     with DuckDBClusterPool(db_path, warmup_s=warmup_s) as pool:
         for cid, size in clusters:
             pool.spin_up(size, cluster_id=cid)
         for cid, _ in clusters:
             pool.wait_ready(cid, timeout_s=_SPIN_UP_TIMEOUT_S)
-        active = list(states.values())
+        # completions are observed late: clamp billing times (see the docstring)
+        managed = ManagedPool(router, autoscaler=autoscaler, price_per_unit_s=price_per_unit_s, minimum_s=minimum_s,
+                              backend=_PoolBackend(pool, len(clusters)), clamp_late_events=True)
+        for cid, size in clusters:
+            managed.add_cluster(cid, size)
         base = time.monotonic() + _LEAD_S
 
         def refresh_ready(now_s: float) -> None:
-            starting = [cid for cid in states if cid not in ready and cid not in gone]
+            starting = managed.starting()
             if not starting:
                 return
             for info in pool.clusters():
                 if info.cluster_id in starting and info.state == "ready":
-                    ready.add(info.cluster_id)
-                    events.append({"t": now_s, "event": "ready", "cluster_id": info.cluster_id})
-            active[:] = [states[c] for c in states if c in ready and c not in gone]
-
-        def autoscale(query: Query, now_s: float) -> None:
-            busy = {}
-            for _, cid, _, _ in in_flight.values():
-                busy[cid] = busy.get(cid, 0) + 1
-            views = [ClusterView(cid, st.size, cid in ready, spun_up_s[cid], last_routed[cid], busy.get(cid, 0), st)
-                     for cid, st in states.items() if cid not in gone]
-            for action in autoscaler.on_arrival(query, views):
-                if action.kind == "spin_up":
-                    cid = f"auto{len(states)}-s{action.size}"
-                    try:
-                        pool.spin_up(action.size, cluster_id=cid)
-                    except ClusterPoolError as exc:
-                        events.append({"t": now_s, "event": "refused", "size": action.size, "why": str(exc)})
-                        continue
-                    states[cid] = ClusterState(cid, action.size, BillingTimer(minimum_s), price_per_unit_s)
-                    last_s[cid], spun_up_s[cid], last_routed[cid] = -math.inf, now_s, None
-                    events.append({"t": now_s, "event": "spin_up", "cluster_id": cid, "size": action.size})
-                elif action.kind == "tear_down" and busy.get(action.cluster_id, 0) == 0:
-                    gone.add(action.cluster_id)
-                    active[:] = [states[c] for c in states if c in ready and c not in gone]
-                    pool.tear_down(action.cluster_id)
-                    events.append({"t": now_s, "event": "tear_down", "cluster_id": action.cluster_id})
+                    managed.mark_ready(info.cluster_id, now_s)
 
         def finish(done: Any) -> None:
-            query, cid, predicted, routed = in_flight.pop(done.query_id)
             end = done.end_s - base
-            timer_s = max(end, last_s[cid])  # observed late: clamp (see docstring)
-            states[cid].timer.query_finished(timer_s)
-            last_s[cid] = timer_s
-            router.on_complete(query.query_id, end)
-            if autoscaler is not None:
-                autoscaler.on_completion(query, end)
+            record = managed.complete(done.query_id, end)
+            query, cid = record.query, record.cluster_id
             latency = end - query.arrival_s
             records[query.query_id] = {
                 "query_id": query.query_id, "template": query.template, "cluster_id": cid,
-                "cluster_size": states[cid].size, "arrival_s": query.arrival_s, "routed_s": routed,
+                "cluster_size": managed.clusters[cid].size, "arrival_s": query.arrival_s, "routed_s": record.routed_s,
                 "start_s": done.start_s - base, "end_s": end, "latency_s": latency, "slo_s": query.slo_s,
                 "violated": bool(done.status != "ok" or latency > query.slo_s), "status": done.status,
-                "predicted_s": predicted,
+                "predicted_s": record.predicted_s,
             }
             if on_progress is not None:
                 on_progress(len(records), len(pending))
 
         i = 0
-        while i < len(pending) or in_flight:
+        while i < len(pending) or managed.running:
             now_s = time.monotonic() - base
             if i < len(pending) and pending[i].arrival_s <= now_s:
                 # completions already reported come first: the router should see them
                 for done in sorted(pool.completions(timeout_s=0), key=lambda c: c.end_s):
-                    if done.query_id in in_flight:
+                    if done.query_id in managed.running:
                         finish(done)
                 query = pending[i]
                 i += 1
                 now_s = time.monotonic() - base
                 if autoscaler is not None:
                     refresh_ready(now_s)
-                    autoscale(query, now_s)
-                decision = router.route(query, active, now_s)
-                last_routed[decision.cluster_id] = now_s
-                for cid in last_s:
-                    last_s[cid] = max(last_s[cid], now_s)
-                if decision.cluster_id not in states:
-                    raise ValueError(f"Router {getattr(router, 'name', router)!r} chose unknown cluster "
-                                     f"{decision.cluster_id!r} (clusters: {', '.join(states)}).")
+                    managed.scale(query, now_s)
+                decision = managed.route(query, now_s)
                 pool.submit(decision.cluster_id, QueryRequest(query.query_id, sql_by_template[query.template],
                                                               timeout_s))
-                timer_s = max(now_s, last_s[decision.cluster_id])
-                states[decision.cluster_id].timer.query_arrived(timer_s)
-                last_s[decision.cluster_id] = timer_s
-                in_flight[query.query_id] = (query, decision.cluster_id, float(decision.predicted_s), now_s)
                 continue
             wait = max(0.0, pending[i].arrival_s - now_s) if i < len(pending) else _POLL_S
             batch = pool.completions(timeout_s=wait)
             for done in sorted(batch, key=lambda c: c.end_s):
-                if done.query_id in in_flight:
+                if done.query_id in managed.running:
                     finish(done)
-            if not batch and in_flight:
-                _check_alive(pool, {cid for _, cid, _, _ in in_flight.values()})
+            if not batch and managed.running:
+                _check_alive(pool, {r.cluster_id for r in managed.running.values()})
 
     frame = pd.DataFrame([records[q.query_id] for q in pending], columns=_COLUMNS)
-    horizon = max([t for t in last_s.values() if math.isfinite(t)], default=0.0) + 1e6
-    cost_by_cluster = {cid: s.price_per_unit_s * s.size * s.timer.active_s(horizon) for cid, s in states.items()}
+    horizon = (managed.latest_s if math.isfinite(managed.latest_s) else 0.0) + 1e6
+    cost_by_cluster = managed.cost_by_cluster(horizon)
     violation_rate = float(frame["violated"].mean()) if len(frame) else 0.0
-    return LiveResult(frame, float(sum(cost_by_cluster.values())), cost_by_cluster, violation_rate, events)
+    return LiveResult(frame, float(sum(cost_by_cluster.values())), cost_by_cluster, violation_rate, managed.events)
+
+
+class _PoolBackend:
+    """The managed pool's spin-ups and teardowns as real DuckDB cluster processes.
+
+    Spun-up clusters are named ``auto{n}-s{size}``, ``n`` the number of
+    clusters started so far; their readiness is polled (``run_live``'s
+    ``refresh_ready``). A size that does not fit raises
+    :class:`~sloctl.core.errors.ClusterPoolError`, which the pool records as refused.
+    """
+
+    def __init__(self, pool: Any, started: int) -> None:
+        self.pool = pool
+        self.started = started
+
+    def spin_up(self, size: int, now_s: float) -> tuple[str, None]:
+        cid = f"auto{self.started}-s{size}"
+        self.pool.spin_up(size, cluster_id=cid)
+        self.started += 1
+        return cid, None
+
+    def tear_down(self, cluster_id: str, now_s: float) -> None:
+        self.pool.tear_down(cluster_id)
 
 
 def _check_alive(pool: Any, busy: set[str]) -> None:

@@ -9,9 +9,15 @@ serves, behind one lock:
   keeps the last good model and records the error. With no latency model at
   all the runtime still routes: Iconq+ first, then Stage (concurrency-unaware,
   ``StageCostRouter``), then round-robin; every answer names the one in use.
+  The router is built by :func:`sloctl.registry.routers.build_router`, as the
+  CLI's experiments build theirs: the SLO margin and the template table come
+  from the model bundle unless the config (``router.slo_margin``,
+  ``serve.templates_log``) names them.
 * **The pool.** Clusters come from the config; ``route`` runs the Query
   Router and records the query as running, ``complete`` ends it. Billing
-  timers give accrued cost.
+  timers give accrued cost. The step itself is
+  :class:`~sloctl.control.managed.ManagedPool`'s, as in the simulator and the
+  live runner; the runtime adds HTTP validation, its lock and persistence.
 * **Durable state.** Running queries and accrued cost live in SQLite, written
   on every change, so a restart reconciles: running queries are re-committed
   (those older than ``stale_after_s`` are dropped and counted), cost carries
@@ -29,6 +35,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from sloctl.control.managed import ManagedPool, RunningQuery
+from sloctl.control.policies import AdmissionPolicy, ExecutionPlan, RetryPolicy
+from sloctl.control.router import ClusterState, Query
+from sloctl.datasets.querylog import read_log, template_table
+from sloctl.registry.routers import build_router, router_templates
 
 __all__ = ["ModelSlot", "Runtime", "RuntimeError_"]
 
@@ -55,7 +67,7 @@ class ModelSlot:
 
     uri: str
     tracking_uri: str
-    kind: str  # "latency" or "policy"
+    kind: str  # "latency", or the policy kind the alias must hold (RetryPolicy.kind, ...)
     version: str | None = None
     value: Any = None
     error: str | None = None
@@ -85,7 +97,7 @@ class ModelSlot:
         try:
             uri = f"models:/{name}/{version}"
             value = (load_model(uri, tracking_uri=self.tracking_uri) if self.kind == "latency"
-                     else load_policy(uri, tracking_uri=self.tracking_uri))
+                     else load_policy(uri, tracking_uri=self.tracking_uri, kind=self.kind))
         except Exception as exc:  # a bad version: keep the last good one and say so
             self.error = f"version {version} failed to load ({type(exc).__name__}: {str(exc)[:300]}); " \
                          f"serving version {self.version}"
@@ -99,14 +111,51 @@ class ModelSlot:
                 "swaps": self.swaps}
 
 
-@dataclass
 class _Running:
-    query_id: int
-    template: str
-    cluster_id: str
-    arrival_wall: float
-    slo_s: float
-    predicted_s: float
+    """A running query as the runtime persists it: the pool's record, its arrival on the wall clock.
+
+    Reads and writes go to the :class:`~sloctl.control.managed.RunningQuery`
+    the pool holds (a new model re-predicts ``predicted_s``).
+    """
+
+    __slots__ = ("record", "wall0")
+
+    def __init__(self, record: RunningQuery, wall0: float) -> None:
+        self.record = record
+        self.wall0 = wall0
+
+    @property
+    def query_id(self) -> int:
+        return self.record.query.query_id
+
+    @property
+    def template(self) -> str:
+        return self.record.query.template
+
+    @property
+    def cluster_id(self) -> str:
+        return self.record.cluster_id
+
+    @property
+    def slo_s(self) -> float:
+        return self.record.query.slo_s
+
+    @property
+    def arrival_s(self) -> float:
+        """Arrival on the runtime clock (seconds since start)."""
+        return self.record.query.arrival_s
+
+    @property
+    def arrival_wall(self) -> float:
+        return self.wall0 + self.record.query.arrival_s
+
+    @property
+    def predicted_s(self) -> float:
+        return self.record.predicted_s
+
+    @predicted_s.setter
+    def predicted_s(self, value: float) -> None:
+        self.record.predicted_s = value
 
 
 @dataclass
@@ -114,7 +163,7 @@ class Runtime:
     """All state behind the HTTP endpoints (see the module docstring)."""
 
     cfg: Any
-    templates: Any  # pandas DataFrame: one log row (plan features) per known template, or None
+    templates: Any  # pandas DataFrame (serve.templates_log): overrides the bundles' template tables; or None
     state_db: str
     stale_after_s: float = 3600.0
     slots: dict[str, ModelSlot] = field(default_factory=dict)
@@ -122,21 +171,19 @@ class Runtime:
     history: deque = field(default_factory=lambda: deque(maxlen=500))
 
     def __post_init__(self) -> None:
-        from sloctl.control.billing import BillingTimer
-        from sloctl.control.router import ClusterState
-
         serve, registry = self.cfg.serve, self.cfg.registry
         self.lock = threading.RLock()
         self.admission_lock = threading.Lock()
         self.wall0 = time.time()
         self.slots = {name: ModelSlot(uri, registry.tracking_uri, kind) for name, uri, kind in (
             ("iconq", serve.model_uri, "latency"), ("stage", serve.fallback_uri, "latency"),
-            ("admission", serve.admission_uri, "policy"), ("retry", serve.retry_uri, "policy"),
-            ("execution", serve.execution_uri, "policy"))}
-        router = self.cfg.router
-        self.clusters = {f"c{i}": ClusterState(f"c{i}", size, BillingTimer(router.minimum_s), router.price_per_unit_s)
-                         for i, size in enumerate(serve.cluster_sizes)}
-        self.running: dict[int, _Running] = {}
+            ("admission", serve.admission_uri, AdmissionPolicy.kind), ("retry", serve.retry_uri, RetryPolicy.kind),
+            ("execution", serve.execution_uri, ExecutionPlan.kind))}
+        # the control step (route, bill, complete) and the cluster set; its router follows self.router
+        self.pool = ManagedPool(None, price_per_unit_s=self.cfg.router.price_per_unit_s,
+                                minimum_s=self.cfg.router.minimum_s)
+        for i, size in enumerate(serve.cluster_sizes):
+            self.pool.add_cluster(f"c{i}", size)
         self.violations = 0
         self.completed = 0
         self.reconciled = {"restored": 0, "dropped_stale": 0}
@@ -147,7 +194,7 @@ class Runtime:
                          "cluster_id TEXT, arrival_wall REAL, slo_s REAL, predicted_s REAL)")
         self.cost_offset = dict(self._db.execute("SELECT cluster_id, accrued FROM cost").fetchall())
         for cid in list(self.cost_offset):  # clusters retired in an earlier run keep their cost
-            if cid not in self.clusters and cid != "_retired":
+            if cid not in self.pool.clusters and cid != "_retired":
                 self.cost_offset["_retired"] = self.cost_offset.get("_retired", 0.0) + self.cost_offset.pop(cid)
         self.admission = None
         self.refresh()
@@ -169,26 +216,23 @@ class Runtime:
         return swapped
 
     def latency_model(self) -> str:
-        """Which model routes now: iconq, stage or round-robin (the documented fallback order)."""
-        if self.slots["iconq"].value is not None and self.templates is not None:
-            return "iconq"
-        if self.slots["stage"].value is not None and self.templates is not None:
-            return "stage"
+        """Which model routes now: iconq, stage or round-robin (the documented fallback order).
+
+        A model routes when a template table is at hand: ``serve.templates_log``
+        or the one in its bundle.
+        """
+        for kind in ("iconq", "stage"):
+            predictor = self.slots[kind].value
+            if predictor is not None and router_templates(predictor, self.templates) is not None:
+                return kind
         return "round-robin"
 
     def _build_router(self) -> None:
-        from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter
-        from sloctl.models.online import OnlinePredictor
-
         kind = self.latency_model()
-        if kind == "round-robin":
-            self.online, self.router = None, RoundRobinRouter()
-        else:
-            predictor = self.slots[kind].value
-            self.online = OnlinePredictor(predictor, self.templates, use_iconq=kind == "iconq")
-            margin = self.cfg.router.slo_margin if self.cfg.router.slo_margin is not None else 0.3
-            self.router = (IconqRouter(self.online, slo_margin=margin, cost_tolerance=self.cfg.router.cost_tolerance)
-                           if kind == "iconq" else StageCostRouter(self.online))
+        built = build_router(None if kind == "round-robin" else self.slots[kind].value, self.cfg.router,
+                             templates=self.templates, use_iconq=kind == "iconq")
+        self.online, self.router, self.route_templates = built.online, built.router, built.templates
+        self.router_margin = built.margin
         self.router_kind = kind
         if self.online is not None:  # running queries move over to the new model
             for r in sorted(self.running.values(), key=lambda r: r.arrival_wall):
@@ -198,15 +242,14 @@ class Runtime:
 
     def _build_admission(self) -> None:
         from sloctl.control.credits import ClassShare, CreditController
-        from sloctl.training.admission_policy import controller_from_policy
 
-        policy = self.slots["admission"].value
+        policy: AdmissionPolicy | None = self.slots["admission"].value
         if policy is not None:
-            self.admission = controller_from_policy(policy)
+            self.admission = policy.controller()
             self.admission_source = f"{self.slots['admission'].uri} v{self.slots['admission'].version}"
         else:
             self.admission = CreditController(classes=[ClassShare("high", 2), ClassShare("low", 1)])
-            self.admission_source = "library defaults (no admission-policy registered)"
+            self.admission_source = f"library defaults (no {AdmissionPolicy.kind} registered)"
 
     def _reconcile(self) -> None:
         now_wall = time.time()
@@ -214,40 +257,55 @@ class Runtime:
                                 "FROM running").fetchall()
         with self.lock:
             for qid, template, cid, arrival_wall, slo_s, predicted in rows:
-                if cid not in self.clusters or now_wall - arrival_wall > self.stale_after_s:
+                if cid not in self.pool.clusters or now_wall - arrival_wall > self.stale_after_s:
                     self._db.execute("DELETE FROM running WHERE query_id = ?", (qid,))
                     self.reconciled["dropped_stale"] += 1
                     continue
-                self.running[qid] = _Running(qid, template, cid, arrival_wall, slo_s, predicted)
-                self.clusters[cid].timer.query_arrived(max(0.0, arrival_wall - self.wall0))
+                arrival_s = arrival_wall - self.wall0
+                self.pool.restore(Query(qid, template, arrival_s, slo_s), cid,
+                                  float("nan") if predicted is None else predicted, timer_s=max(0.0, arrival_s))
                 self.reconciled["restored"] += 1
             self._build_router()
 
     # -- routing ---------------------------------------------------------------------
-    def check_template(self, template: str) -> None:
-        if self.templates is not None and template not in self.templates["template"].to_numpy():
-            known = ", ".join(sorted(self.templates["template"].unique())[:8])
+    def templates_for(self, kind: str) -> Any:
+        """The template table ``kind``'s model routes with: ``serve.templates_log``, else its bundle's."""
+        if kind == "round-robin":
+            return self.templates
+        return router_templates(self.slots[kind].value, self.templates)
+
+    def check_template(self, template: str, kind: str | None = None) -> None:
+        """Refuse a template missing from the table of ``kind``'s model (default: the router's)."""
+        table = self.route_templates if kind is None else self.templates_for(kind)
+        if table is not None and template not in table["template"].to_numpy():
+            known = ", ".join(sorted(table["template"].unique())[:8])
             raise RuntimeError_(f"unknown template {template!r} (known: {known}, ...)", field="template")
 
-    def route(self, query_id: int, template: str, slo_s: float) -> dict[str, Any]:
-        from sloctl.control.router import Query
+    @property
+    def clusters(self) -> dict[str, ClusterState]:
+        """The pool's clusters as routers see them, by id."""
+        return {cid: c.state for cid, c in self.pool.clusters.items()}
 
+    @property
+    def running(self) -> dict[int, _Running]:
+        """The running queries, by id (views of the pool's records)."""
+        return {qid: _Running(r, self.wall0) for qid, r in self.pool.running.items()}
+
+    def route(self, query_id: int, template: str, slo_s: float) -> dict[str, Any]:
         with self.lock:
-            if query_id in self.running:
+            if query_id in self.pool.running:
                 raise RuntimeError_(f"query {query_id} is already running", status=409, field="query_id")
             if self.router_kind != "round-robin":
                 self.check_template(template)
-            if not self.clusters:
+            if not self.pool.clusters:
                 raise RuntimeError_("the pool has no cluster to route to", status=409)
             now = self.now_s()
             started = time.perf_counter()
-            decision = self.router.route(Query(query_id, template, now, slo_s), list(self.clusters.values()), now)
+            self.pool.router = self.router
+            decision = self.pool.route(Query(query_id, template, now, slo_s), now)
             decision_ms = (time.perf_counter() - started) * 1e3
-            cluster = self.clusters[decision.cluster_id]
-            cluster.timer.query_arrived(now)
+            cluster = self.pool.clusters[decision.cluster_id].state
             predicted = None if not np.isfinite(decision.predicted_s) else float(decision.predicted_s)
-            self.running[query_id] = _Running(query_id, template, cluster.cluster_id, self.wall0 + now, slo_s,
-                                              predicted if predicted is not None else float("nan"))
             self._db.execute("INSERT INTO running VALUES (?, ?, ?, ?, ?, ?)",
                              (query_id, template, cluster.cluster_id, self.wall0 + now, slo_s,
                               predicted if predicted is not None else None))
@@ -263,14 +321,12 @@ class Runtime:
 
     def complete(self, query_id: int, latency_s: float, status: str) -> dict[str, Any]:
         with self.lock:
-            r = self.running.pop(query_id, None)
-            if r is None:
+            if query_id not in self.pool.running:
                 raise RuntimeError_(f"query {query_id} is not running", status=404, field="query_id")
             now = self.now_s()
-            cluster = self.clusters[r.cluster_id]
-            cluster.timer.query_finished(now)
-            self.router.on_complete(query_id, now)
-            violated = status != "ok" or latency_s > r.slo_s
+            self.pool.router = self.router
+            r = self.pool.complete(query_id, now)
+            violated = status != "ok" or latency_s > r.query.slo_s
             self.completed += 1
             self.violations += int(violated)
             self._db.execute("DELETE FROM running WHERE query_id = ?", (query_id,))
@@ -281,35 +337,31 @@ class Runtime:
 
     def put_cluster(self, cluster_id: str, size: int) -> dict[str, Any]:
         """Add a cluster (or resize an idle one), e.g. after a spin-up."""
-        from sloctl.control.billing import BillingTimer
-        from sloctl.control.router import ClusterState
-
         with self.lock:
-            current = self.clusters.get(cluster_id)
+            current = self.pool.clusters.get(cluster_id)
             if current is not None and current.size == size:
                 return {"cluster_id": cluster_id, "size": size, "changed": False}
             if current is not None:
                 self._check_idle(cluster_id)
                 self._retire_cost(cluster_id)
-            self.clusters[cluster_id] = ClusterState(cluster_id, size, BillingTimer(self.cfg.router.minimum_s),
-                                                     self.cfg.router.price_per_unit_s)
+            self.pool.add_cluster(cluster_id, size)  # a fresh billing timer, in place of the old one
             self._persist_cost(self.now_s())
             return {"cluster_id": cluster_id, "size": size, "changed": True}
 
     def delete_cluster(self, cluster_id: str) -> dict[str, Any]:
         """Retire an idle cluster (its accrued cost stays in the total)."""
         with self.lock:
-            if cluster_id not in self.clusters:
+            if cluster_id not in self.pool.clusters:
                 raise RuntimeError_(f"unknown cluster {cluster_id!r}", status=404, field="cluster_id")
             self._check_idle(cluster_id)
             self._retire_cost(cluster_id)
-            del self.clusters[cluster_id]
+            self.pool.remove_cluster(cluster_id)
             self._db.execute("DELETE FROM cost WHERE cluster_id = ?", (cluster_id,))
             self._persist_cost(self.now_s())
             return {"cluster_id": cluster_id, "retired": True}
 
     def _check_idle(self, cluster_id: str) -> None:
-        busy = [r.query_id for r in self.running.values() if r.cluster_id == cluster_id]
+        busy = [qid for qid, r in self.pool.running.items() if r.cluster_id == cluster_id]
         if busy:
             raise RuntimeError_(f"cluster {cluster_id!r} still runs {len(busy)} queries", status=409,
                                 field="cluster_id")
@@ -319,14 +371,13 @@ class Runtime:
         self.cost_offset.pop(cluster_id, None)
 
     def cost(self, cluster_id: str, now: float) -> float:
-        c = self.clusters[cluster_id]
-        return self.cost_offset.get(cluster_id, 0.0) + c.price_per_unit_s * c.size * c.timer.active_s(now)
+        return self.cost_offset.get(cluster_id, 0.0) + self.pool.cost(cluster_id, now)
 
     def total_cost(self, now: float) -> float:
-        return self.cost_offset.get("_retired", 0.0) + sum(self.cost(cid, now) for cid in self.clusters)
+        return self.cost_offset.get("_retired", 0.0) + sum(self.cost(cid, now) for cid in self.pool.clusters)
 
     def _persist_cost(self, now: float) -> None:
-        rows = [(cid, self.cost(cid, now)) for cid in self.clusters]
+        rows = [(cid, self.cost(cid, now)) for cid in self.pool.clusters]
         rows.append(("_retired", self.cost_offset.get("_retired", 0.0)))
         self._db.executemany("INSERT INTO cost VALUES (?, ?) ON CONFLICT(cluster_id) DO UPDATE SET accrued = "
                              "excluded.accrued", rows)
@@ -335,8 +386,8 @@ class Runtime:
         with self.lock:
             now = self.now_s()
             return {"clusters": [{"cluster_id": cid, "size": c.size, "running": sorted(
-                r.query_id for r in self.running.values() if r.cluster_id == cid),
-                "accrued_cost": self.cost(cid, now)} for cid, c in self.clusters.items()],
+                qid for qid, r in self.pool.running.items() if r.cluster_id == cid),
+                "accrued_cost": self.cost(cid, now)} for cid, c in self.pool.clusters.items()],
                 "total_cost": self.total_cost(now), "completed": self.completed,
                 "violation_rate": self.violations / self.completed if self.completed else 0.0,
                 "model": self.router_kind, "reconciled": dict(self.reconciled)}
@@ -348,10 +399,11 @@ class Runtime:
 
 
 def load_templates_table(path: str | Path | None):
-    """One row per template (plan features) from a query log, or None without a log."""
+    """One row per template (plan features, :func:`~sloctl.datasets.querylog.template_table`) of a query log.
+
+    ``None`` without a log: the runtime then routes with the table inside the
+    model bundle.
+    """
     if path is None:
         return None
-    from sloctl.datasets.querylog import read_log
-
-    log = read_log(path)
-    return log.drop_duplicates("template").reset_index(drop=True)
+    return template_table(read_log(path))

@@ -7,6 +7,12 @@ query really ends is decided by the
 :class:`~sloctl.simulation.emulator.WarehouseEmulator` (processor sharing with
 calibrated interference). Billing timers follow every start and end. The same
 seed gives the same run.
+
+Routing, billing, completions and scaling are the control step of
+:class:`~sloctl.control.managed.ManagedPool`, the same one the live runner and
+the runtime call; the simulator supplies the clock (the next arrival or
+emulated completion) and the emulated world (service times, processor sharing,
+spin-up ids and delays).
 """
 
 from __future__ import annotations
@@ -18,14 +24,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sloctl.control.autoscaler import ClusterView
-from sloctl.control.billing import BillingTimer
-from sloctl.control.router import ClusterState, Query
+from sloctl.control.managed import ManagedPool
+from sloctl.control.router import Query
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sloctl.control.autoscaler import Autoscaler, ScalingAction
+    from sloctl.control.autoscaler import Autoscaler
     from sloctl.control.router import Router
     from sloctl.simulation.emulator import WarehouseEmulator
 
@@ -52,15 +57,12 @@ class SimulationResult:
 
 
 @dataclass
-class _Cluster:
-    state: ClusterState
+class _Sharing:
+    """One emulated cluster: the work left of each running query, as of ``last_s``."""
+
+    size: int
     remaining: dict[int, float]
-    ready_s: float = 0.0
-    spun_up_s: float = 0.0
-    last_routed_s: float | None = None
     last_s: float = 0.0
-    retired: bool = False
-    torn_down: bool = False
 
 
 class WarehouseSimulator:
@@ -77,6 +79,10 @@ class WarehouseSimulator:
         force_scaling_at: index of the arrival at which to force one scaling
             decision (the size-selector experiment).
         mark_at: arrival indices at which to record the cost billed so far.
+
+    The simulator is its pool's :class:`~sloctl.control.managed.ClusterBackend`
+    (:meth:`spin_up`, :meth:`tear_down`): spun-up clusters are named
+    ``auto{n}-s{size}`` and are ready after the autoscaler's spin-up delay.
     """
 
     def __init__(self, world: WarehouseEmulator, clusters: list[tuple[str, int]], router: Router, *,
@@ -92,110 +98,82 @@ class WarehouseSimulator:
         self.force_scaling_at = force_scaling_at
         self.mark_at = set(mark_at)
         self.cost_marks: dict[int, float] = {}
-        self.clusters = {cid: self._new_cluster(cid, size, 0.0, 0.0) for cid, size in clusters}
+        self.pool = ManagedPool(router, autoscaler=autoscaler, price_per_unit_s=price_per_unit_s,
+                                minimum_s=minimum_s, backend=self)
+        self._shares: dict[str, _Sharing] = {}
+        for cid, size in clusters:
+            self.pool.add_cluster(cid, size, spun_up_s=0.0, ready_s=0.0)
+            self._shares[cid] = _Sharing(size, {}, last_s=0.0)
         self._ids = itertools.count(1)
-        self.events: list[dict] = []
+        self.events = self.pool.events
 
-    def _new_cluster(self, cid: str, size: int, now_s: float, ready_s: float) -> _Cluster:
-        state = ClusterState(cid, size, BillingTimer(self.minimum_s), self.price_per_unit_s)
-        return _Cluster(state, {}, ready_s=ready_s, spun_up_s=now_s, last_s=now_s)
+    # -- the emulated world: the pool's backend and processor sharing ---------------------------
+    def spin_up(self, size: int, now_s: float) -> tuple[str, float]:
+        """A new emulated cluster, ready after the autoscaler's spin-up delay ``δ``."""
+        cid = f"auto{next(self._ids)}-s{size}"
+        self._shares[cid] = _Sharing(size, {}, last_s=now_s)
+        return cid, now_s + self.autoscaler.config.spinup_delay_s
 
-    def _advance(self, cluster: _Cluster, t: float) -> None:
+    def tear_down(self, cluster_id: str, now_s: float) -> None:
+        return None
+
+    def _advance(self, cluster: _Sharing, t: float) -> None:
         k = len(cluster.remaining)
         if k:
-            rate = self.world.rate(k, cluster.state.size)
+            rate = self.world.rate(k, cluster.size)
             for qid in cluster.remaining:
                 cluster.remaining[qid] -= (t - cluster.last_s) * rate
         cluster.last_s = t
 
-    def _next_completion(self, cluster: _Cluster) -> tuple[float, int | None]:
+    def _next_completion(self, cluster: _Sharing) -> tuple[float, int | None]:
         if not cluster.remaining:
             return math.inf, None
         qid = min(cluster.remaining, key=cluster.remaining.__getitem__)
-        rate = self.world.rate(len(cluster.remaining), cluster.state.size)
+        rate = self.world.rate(len(cluster.remaining), cluster.size)
         return cluster.last_s + max(cluster.remaining[qid], 0.0) / rate, qid
-
-    def _views(self, now_s: float) -> list[ClusterView]:
-        return [ClusterView(cid, c.state.size, c.ready_s <= now_s and not c.retired, c.spun_up_s, c.last_routed_s,
-                            len(c.remaining), c.state)
-                for cid, c in self.clusters.items() if not c.torn_down]
-
-    def _apply(self, actions: list[ScalingAction], now_s: float) -> None:
-        for action in actions:
-            if action.kind == "spin_up":
-                cid = f"auto{next(self._ids)}-s{action.size}"
-                delay = self.autoscaler.config.spinup_delay_s
-                self.clusters[cid] = self._new_cluster(cid, action.size, now_s, now_s + delay)
-                self.events.append({"t": now_s, "event": "spin_up", "cluster_id": cid, "size": action.size,
-                                    "ready_s": now_s + delay})
-                self._newest = cid
-            elif action.kind == "tear_down":
-                cluster = self.clusters[action.cluster_id]
-                cluster.torn_down = True
-                self.events.append({"t": now_s, "event": "tear_down", "cluster_id": action.cluster_id})
-            elif action.kind == "retire_others":
-                for cid, cluster in self.clusters.items():
-                    if cid != self._newest:
-                        cluster.retired = True
-                self.events.append({"t": now_s, "event": "retire_others", "keep": self._newest})
 
     def run(self, queries: list[Query]) -> SimulationResult:
         """Simulate until every query has finished."""
         import pandas as pd
 
         pending = sorted(queries, key=lambda q: (q.arrival_s, q.query_id))
-        by_id = {q.query_id: q for q in pending}
         records: dict[int, dict] = {}
         i = 0
         while True:
             t_arrival = pending[i].arrival_s if i < len(pending) else math.inf
             t_done, cid_done, qid_done = math.inf, None, None
-            for cid, cluster in self.clusters.items():
+            for cid, cluster in self._shares.items():
                 t, qid = self._next_completion(cluster)
                 if t < t_done:
                     t_done, cid_done, qid_done = t, cid, qid
             if math.isinf(t_arrival) and math.isinf(t_done):
                 break
             if t_done <= t_arrival:
-                cluster = self.clusters[cid_done]
+                cluster = self._shares[cid_done]
                 self._advance(cluster, t_done)
                 del cluster.remaining[qid_done]
-                cluster.state.timer.query_finished(t_done)
-                self.router.on_complete(qid_done, t_done)
-                if self.autoscaler is not None:
-                    self.autoscaler.on_completion(by_id[qid_done], t_done)
+                self.pool.complete(qid_done, t_done)
                 records[qid_done]["end_s"] = t_done
                 continue
             query = pending[i]
             now = query.arrival_s
             if i in self.mark_at:
-                self.cost_marks[i] = sum(c.state.price_per_unit_s * c.state.size * c.state.timer.active_s(now)
-                                         for c in self.clusters.values())
+                self.cost_marks[i] = self.pool.total_cost(now)
             if self.autoscaler is not None:
-                actions = self.autoscaler.on_arrival(query, self._views(now))
-                if self.force_scaling_at is not None and i == self.force_scaling_at:
-                    actions = actions + self.autoscaler.force(now, self._views(now))
-                self._apply(actions, now)
+                self.pool.scale(query, now, force=self.force_scaling_at is not None and i == self.force_scaling_at)
             i += 1
-            active = [c.state for c in self.clusters.values()
-                      if c.ready_s <= now and not c.retired and not c.torn_down]
-            if not active:  # everything retired before the replacement is ready: keep using the old ones
-                active = [c.state for c in self.clusters.values() if c.ready_s <= now and not c.torn_down]
-            decision = self.router.route(query, active, now)
-            cluster = self.clusters[decision.cluster_id]
+            decision = self.pool.route(query, now)
+            cluster = self._shares[decision.cluster_id]
             self._advance(cluster, now)
-            cluster.remaining[query.query_id] = self.world.service_s(query.template, cluster.state.size, self.rng)
-            cluster.state.timer.query_arrived(now)
-            cluster.last_routed_s = now
+            cluster.remaining[query.query_id] = self.world.service_s(query.template, cluster.size, self.rng)
             records[query.query_id] = {"query_id": query.query_id, "template": query.template,
-                                       "cluster_id": decision.cluster_id, "cluster_size": cluster.state.size,
+                                       "cluster_id": decision.cluster_id, "cluster_size": cluster.size,
                                        "arrival_s": now, "slo_s": query.slo_s, "predicted_s": decision.predicted_s}
         frame = pd.DataFrame(list(records.values()))
         if len(frame):
             frame["latency_s"] = frame["end_s"] - frame["arrival_s"]
             frame["violated"] = frame["latency_s"] > frame["slo_s"]
         end = max((r["end_s"] for r in records.values()), default=0.0) + 1e9
-        cost_by_cluster = {cid: c.state.price_per_unit_s * c.state.size * c.state.timer.active_s(end)
-                           for cid, c in self.clusters.items()}
+        cost_by_cluster = self.pool.cost_by_cluster(end)
         return SimulationResult(frame, float(sum(cost_by_cluster.values())), cost_by_cluster, self.events,
                                 self.cost_marks)

@@ -15,8 +15,9 @@ section (CPU time spent holding the lock). Memory sections share bandwidth as
 a fluid: each of the ``n`` active sections moves bytes at
 ``min(per-thread max, B / n)``, recomputed whenever ``n`` changes.
 
-An :class:`AdmissionPolicy` decides at every control point; see its docstring
-and ``docs/admission_sim.md``. Times are seconds, sizes bytes.
+An :class:`~sloctl.control.admission.AdmissionController` decides at every
+control point (the same object that runs behind the live middleware); see its
+docstring and ``docs/admission_sim.md``. Times are seconds, sizes bytes.
 """
 
 from __future__ import annotations
@@ -26,14 +27,14 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any
 
 import numpy as np
 
+from sloctl.control.admission import AdmissionController
+
 __all__ = [
-    "AdmissionPolicy",
     "DemandChange",
-    "GateOutcome",
     "Request",
     "RequestType",
     "ServerConfig",
@@ -44,7 +45,6 @@ __all__ = [
     "simulate",
 ]
 
-GateOutcome = Literal["acquired", "queued", "dropped"]
 _ARRIVE, _CPU, _MEM, _LOCK, _TICK, _SAMPLE, _DEMAND, _MARK = range(8)
 
 
@@ -118,7 +118,11 @@ def _thread_cap(rtype: RequestType, config: ServerConfig) -> float:
 
 @dataclass(eq=False)
 class Request:
-    """A request in flight; ``ctx`` belongs to the policy (budgets, credits held, ...)."""
+    """A request in flight; it satisfies :class:`~sloctl.control.admission.AdmissionRequest`.
+
+    ``ctx`` belongs to the policy (budgets, credits held, ...); ``ok`` is
+    always True here (a simulated server never answers with an error).
+    """
 
     id: int
     rtype: RequestType
@@ -132,49 +136,7 @@ class Request:
     mem_gated: bool = False
     mem_granted: bool = False
     ctx: dict[str, Any] = field(default_factory=dict)
-
-
-class AdmissionPolicy(Protocol):
-    """The decisions an overload controller makes inside :func:`simulate`.
-
-    Decisions (return False / ``"dropped"`` to drop the request):
-
-    * ``on_arrival(req, now_s)`` — admit a new request at all.
-    * ``on_enqueue(req, bottleneck, queue_len, now_s)`` — before joining an
-      explicit queue: ``"cpu"`` (the run queue) or a lock's name;
-      ``queue_len`` counts the requests already waiting there. A drop at a
-      lock is partial (the request already ran some work).
-    * ``mem_gate(req, now_s)`` — before a memory section: ``"acquired"``
-      (run it now, keeping the core), ``"queued"`` (the policy parks the
-      request; its core is freed) or ``"dropped"`` (partial drop). A policy
-      without an m_semaphore returns ``"acquired"``.
-    * ``mem_release(req, now_s)`` — called with the request whose gated
-      memory section just ended, and with ``None`` after every ``tick`` (a
-      grown capacity may free slots); returns the parked requests that may
-      now run their memory section, oldest first.
-    * ``mem_expired(now_s)`` — called after every ``tick``: parked requests
-      the policy gives up on (e.g. their delay budget ran out while queued);
-      each becomes a partial drop.
-
-    Outcome callbacks: ``on_dequeue(req, bottleneck, wait_s, now_s)`` when a
-    request leaves an explicit queue for its server; ``on_complete(req,
-    now_s)``; ``on_drop(req, now_s, partial)`` for every drop, whoever made
-    it. Control: ``tick(now_s)`` every ``control_interval_s``, right after
-    ``observe_bandwidth(bytes_per_s, now_s)`` with the mean bandwidth of that
-    interval. ``gauges()`` returns numbers recorded in the time series.
-    """
-
-    def on_arrival(self, req: Request, now_s: float) -> bool: ...
-    def on_enqueue(self, req: Request, bottleneck: str, queue_len: int, now_s: float) -> bool: ...
-    def on_dequeue(self, req: Request, bottleneck: str, wait_s: float, now_s: float) -> None: ...
-    def mem_gate(self, req: Request, now_s: float) -> GateOutcome: ...
-    def mem_release(self, req: Request | None, now_s: float) -> list[Request]: ...
-    def mem_expired(self, now_s: float) -> list[Request]: ...
-    def on_complete(self, req: Request, now_s: float) -> None: ...
-    def on_drop(self, req: Request, now_s: float, partial: bool) -> None: ...
-    def tick(self, now_s: float) -> None: ...
-    def observe_bandwidth(self, bytes_per_s: float, now_s: float) -> None: ...
-    def gauges(self) -> dict[str, float]: ...
+    ok: bool = True
 
 
 @dataclass
@@ -224,7 +186,7 @@ class SimResult:
                 "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "window_s": self.window_s}
 
 
-def simulate(types: Sequence[RequestType], policy: AdmissionPolicy, *, rate_per_s: float, duration_s: float,
+def simulate(types: Sequence[RequestType], policy: AdmissionController, *, rate_per_s: float, duration_s: float,
              config: ServerConfig = ServerConfig(), warmup_s: float = 0.0, seed: int = 0,
              control_interval_s: float = 1e-4, sample_interval_s: float = 1e-3,
              demand_change: DemandChange | None = None) -> SimResult:
@@ -236,7 +198,7 @@ def simulate(types: Sequence[RequestType], policy: AdmissionPolicy, *, rate_per_
 
     Args:
         types: the request mix (``share`` weights arrivals).
-        policy: the overload controller (see :class:`AdmissionPolicy`).
+        policy: the overload controller (see :class:`~sloctl.control.admission.AdmissionController`).
         rate_per_s: total arrival rate (requests/s).
         duration_s: when arrivals stop (seconds).
         config: the machine.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-__all__ = ["ConfigOption", "load_cli_config", "parse_sizes", "echo", "router_margin"]
+__all__ = ["ConfigOption", "cli_router", "load_cli_config", "parse_sizes", "echo"]
 
 ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (default: configs/default.yaml).")
 
@@ -34,12 +34,15 @@ def echo(message: str) -> None:
 
 
 
-def router_margin(cfg, predictor, log) -> float:
-    """The router's SLO margin: the configured one, else calibrated on ``log`` (and said so)."""
-    if cfg.router.slo_margin is not None:
-        return cfg.router.slo_margin
-    from sloctl.training.calibration import calibrate_slo_margin
+def cli_router(cfg, predictor, log):
+    """The Iconq+ router ``sloctl serve`` would build for ``predictor`` and ``cfg``, with ``log`` as templates_log.
 
-    calibration = calibrate_slo_margin(predictor, log, cfg.router.risk_quantile)
-    echo(calibration.describe())
-    return calibration.slo_margin
+    :func:`~sloctl.registry.routers.build_router` decides the SLO margin
+    (config, else the bundle's, else calibrated on ``log`` — an older bundle —
+    and said so on stderr); the experiments route with its margin and cost
+    tolerance.
+    """
+    from sloctl.datasets.querylog import template_table
+    from sloctl.registry.routers import build_router
+
+    return build_router(predictor, cfg.router, templates=template_table(log), log=log, say=echo)

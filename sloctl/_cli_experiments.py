@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from sloctl._cli_common import ConfigOption, echo, load_cli_config, router_margin
+from sloctl._cli_common import ConfigOption, cli_router, echo, load_cli_config
 
 if TYPE_CHECKING:
     from sloctl.config import SloctlConfig
@@ -61,8 +61,9 @@ def experiment_router_cmd(
         cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
         echo(f"load {s['load']:.2f} (λ={s['lambda']:.2f}/s) κ={s['kappa']:g} clusters={s['clusters']}: {cells}")
 
-    experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=router_margin(cfg, predictor, frame),
-                                        cost_tolerance=cfg.router.cost_tolerance)
+    router = cli_router(cfg, predictor, frame)
+    experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
+                                        cost_tolerance=router.cost_tolerance)
     result = router_experiment(frame, predictor, experiment, on_scenario=progress)
     if as_json:
         typer.echo(json.dumps(result))
@@ -114,9 +115,9 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
         if done == total:
             echo(f"{approach}: {total} queries done live")
 
-    result = live_router_experiment(db, frame, predictor, copies=copies, seed=seed,
-                                    slo_margin=router_margin(cfg, predictor, frame),
-                                    cost_tolerance=cfg.router.cost_tolerance, rounds=rounds, load=load, kappa=kappa,
+    router = cli_router(cfg, predictor, frame)
+    result = live_router_experiment(db, frame, predictor, copies=copies, seed=seed, slo_margin=router.slo_margin,
+                                    cost_tolerance=router.cost_tolerance, rounds=rounds, load=load, kappa=kappa,
                                     shadow_baseline=shadow, on_progress=progress)
     if as_json:
         typer.echo(json.dumps(result))
@@ -161,8 +162,9 @@ def _scaling(kind: str, log: Path, model: str, copies: int, seed: int, as_json: 
         cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
         echo(f"load {s['load']:.2f} (λ={s['lambda']:.2f}/s) κ={s['kappa']:g} start={s['clusters']}: {cells}")
 
-    experiment = ScalingExperimentConfig(copies=copies, seed=seed, slo_margin=router_margin(cfg, predictor, frame),
-                                         cost_tolerance=cfg.router.cost_tolerance)
+    router = cli_router(cfg, predictor, frame)
+    experiment = ScalingExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
+                                         cost_tolerance=router.cost_tolerance)
     result = scaling_experiment(kind, frame, predictor, experiment, on_scenario=progress)
     if as_json:
         typer.echo(json.dumps(result))
@@ -212,9 +214,9 @@ def experiment_trigger_cmd(
     cfg = load_cli_config(config)
     frame = read_log(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
-    result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, seed=seed,
-                                       slo_margin=router_margin(cfg, predictor, frame),
-                                       cost_tolerance=cfg.router.cost_tolerance, warmup_s=warmup_s)
+    router = cli_router(cfg, predictor, frame)
+    result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, seed=seed, slo_margin=router.slo_margin,
+                                       cost_tolerance=router.cost_tolerance, warmup_s=warmup_s)
     if as_json:
         typer.echo(json.dumps(result))
         return

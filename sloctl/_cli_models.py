@@ -39,6 +39,9 @@ def _print_metrics(title: str, metrics: dict[str, float]) -> None:
 def _finish_training(result, log, name: str, log_path: Path, cfg, register: bool, out: Path | None) -> None:
     import json
 
+    calibration = result.predictor.calibration
+    if calibration is not None:
+        echo(f"{calibration.describe()}; stored with the model")
     if out is not None:
         from sloctl.registry.bundles import save_predictor
 
@@ -46,7 +49,8 @@ def _finish_training(result, log, name: str, log_path: Path, cfg, register: bool
         echo(f"Saved the model bundle to {out}.")
     summary = {"model": name, "data_hash": result.data_hash,
                **{split: {stat: result.metrics[f"{split}_q_error_{stat}"] for stat in ("p50", "p90", "p95")}
-                  for split in ("val", "test")}}
+                  for split in ("val", "test")},
+               "slo_margin": result.predictor.slo_margin}
     if register:
         from sloctl.registry.store import register as register_model
 
@@ -70,7 +74,8 @@ def train_stage_cmd(
     cfg = load_cli_config(config)
     frame = read_log(log)
     result = train_stage(frame, cfg.stage, val_fraction=cfg.iconq.val_fraction,
-                         test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed)
+                         test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed,
+                         risk_quantile=cfg.router.risk_quantile)
     _print_metrics(f"Stage Q-error on {log}", result.metrics)
     _finish_training(result, frame, "stage", log, cfg, register, out)
 
@@ -100,7 +105,8 @@ def train_iconq_cmd(
     iconq_cfg = dataclasses.replace(cfg.iconq, **overrides)
     frame = read_log(log)
     result = train_iconq(frame, cfg.stage, iconq_cfg, progress=progress,
-                         on_epoch=None if progress else lambda e, v: echo(f"epoch {e:3d}  val_loss {v:.4f}"))
+                         on_epoch=None if progress else lambda e, v: echo(f"epoch {e:3d}  val_loss {v:.4f}"),
+                         risk_quantile=cfg.router.risk_quantile)
     _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {log}", result.metrics)
     _finish_training(result, frame, "iconq", log, cfg, register, out)
 
@@ -255,19 +261,19 @@ def train_admission_cmd(
     if trials < 1:
         raise typer.BadParameter(f"must be >= 1; got {trials}", param_hint="--trials")
     spec = load_workload(workload)
-    doc = tune_admission(spec, trials=trials, seed=seed, duration_s=duration_s,
-                         on_trial=lambda n, score: echo(f"trial {n}: weighted goodput {score / 1e3:.1f}k/s"))
-    m = doc["metrics"]
-    typer.echo(f"best: credit step ε {doc['credits']['epsilon']:.3f}, dead-band {doc['credits']['dead_band']:.3f}, "
-               f"experiment {doc['credits']['experiment_s'] * 1e3:.2f} ms, m_semaphore capacity "
-               f"{doc['msem']['capacity']}; weighted goodput {m['weighted_goodput_per_s'] / 1e3:.1f}k/s "
+    policy = tune_admission(spec, trials=trials, seed=seed, duration_s=duration_s,
+                            on_trial=lambda n, score: echo(f"trial {n}: weighted goodput {score / 1e3:.1f}k/s"))
+    m, c = policy.metrics, policy.credits
+    typer.echo(f"best: credit step ε {c.epsilon:.3f}, dead-band {c.dead_band:.3f}, "
+               f"experiment {c.experiment_s * 1e3:.2f} ms, m_semaphore capacity "
+               f"{policy.msem.capacity}; weighted goodput {m['weighted_goodput_per_s'] / 1e3:.1f}k/s "
                f"(library defaults: {m['default_weighted_goodput_per_s'] / 1e3:.1f}k/s), drops {m['drop_rate']:.1%}")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(doc, indent=2, default=float))
+        out.write_text(json.dumps(policy.to_doc(), indent=2))
         echo(f"wrote {out}")
     if register:
         cfg = load_cli_config(config)
-        version = register_admission_policy(doc, tracking_uri=cfg.registry.tracking_uri,
+        version = register_admission_policy(policy, tracking_uri=cfg.registry.tracking_uri,
                                             experiment=cfg.registry.experiment, source=str(workload))
-        echo(f"registered admission-policy v{version} (alias champion) in {cfg.registry.tracking_uri}")
+        echo(f"registered {policy.kind} v{version} (alias champion) in {cfg.registry.tracking_uri}")

@@ -39,9 +39,8 @@ import typer
 
 from sloctl._cli_common import ConfigOption, echo, load_cli_config
 
-__all__ = ["POLICY_NAME", "tune_policy_cmd", "tune_policy_run"]
+__all__ = ["tune_policy_cmd", "tune_policy_run"]
 
-POLICY_NAME = "execution-config"
 DEFAULT_LOG = Path("reports") / "demo_log.parquet"
 
 
@@ -151,10 +150,9 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
         eta, phi: the scheduler's rounds and attempts per round.
         Other arguments: see :func:`~sloctl.training.policy_tuner.tune_policy`.
     """
-    import dataclasses
-
     import numpy as np
 
+    from sloctl.control.policies import ExecutionPlan
     from sloctl.control.router import Query
     from sloctl.control.scheduler import ExecutionConfig
     from sloctl.datasets.forecast import Forecaster
@@ -216,47 +214,35 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
                              delta_s=spinup_delay_s, base=base, strategy=strategy, budget=budget, top_k=top_k,
                              tau_target=tau_target, seed=seed, eta=eta, phi=phi, sigma_min_s=spinup_delay_s)
     best = result.best
-    to_clock = 3600.0 / hour_s  # compressed seconds -> seconds of the real target day
-
-    def clock(t_s: float) -> str:
-        real = t_s * to_clock
-        return f"{int(real // 3600):02d}:{int(real % 3600 // 60):02d}"
-
-    doc = {
-        "kind": POLICY_NAME, "target_date": target,
-        "start_sizes": list(best.start_sizes),
-        "spinups": [{"time_s": s.time_s, "real_time": clock(s.time_s), "size": s.size, "mode": s.mode}
-                    for s in best.spinups],
-        "autoscaler": dataclasses.asdict(best.autoscaler) if best.autoscaler is not None else None,
-        "knobs": result.tuning.best_params,
-        "predicted": {"validation_vr": result.best_validation[0], "validation_cost": result.best_validation[1],
-                      "knobs_validation_vr": result.tuning.best_validation[0],
-                      "knobs_validation_cost": result.tuning.best_validation[1]},
-        "time_scale": {"hour_s": hour_s, "mean_isolated_s": mean_iso, "hour_units": hour_s / mean_iso,
-                       "kept_fraction": keep_p},
-        "router": runner.router, "strategy": strategy, "budget": budget, "order": result.order,
-        "forecasts": {"train": n_train, "validation": n_validation, "policy": forecast_policy,
-                      "queries": [len(w) for w in workloads]},
-        "history": info,
-    }
-    doc["evaluated"] = result.tuning.evaluated
-    doc["simulations"] = simulations
-    doc["trials"] = [{"params": t.params, "train": list(t.train),
-                      "validation": list(t.validation) if t.validation else None} for t in result.tuning.trials]
-    summary = {k: v for k, v in doc.items() if k != "trials"}
+    forecasts = {"train": n_train, "validation": n_validation, "policy": forecast_policy,
+                 "queries": [len(w) for w in workloads]}
+    data_hash = hashlib.sha256(json.dumps(info, sort_keys=True).encode()
+                               + json.dumps(forecasts).encode()).hexdigest()[:16]
+    plan = ExecutionPlan(
+        config=best, target_date=target, knobs=result.tuning.best_params,
+        predicted={"validation_vr": result.best_validation[0], "validation_cost": result.best_validation[1],
+                   "knobs_validation_vr": result.tuning.best_validation[0],
+                   "knobs_validation_cost": result.tuning.best_validation[1]},
+        time_scale={"hour_s": hour_s, "mean_isolated_s": mean_iso, "hour_units": hour_s / mean_iso,
+                    "kept_fraction": keep_p},
+        router=runner.router, strategy=strategy, budget=budget, order=result.order, forecasts=forecasts,
+        history=info, evaluated=result.tuning.evaluated, simulations=simulations,
+        trials=tuple({"params": t.params, "train": list(t.train),
+                      "validation": list(t.validation) if t.validation else None} for t in result.tuning.trials),
+        provenance={"data_hash": data_hash, "seed": str(seed), "source": str(history),
+                    **({"log": log_path} if log_path else {})})
+    # the summary is the document without its trials; "version" is the registered version, if any
+    summary = {k: v for k, v in plan.to_doc().items() if k not in ("trials", "version")}
     if register:
         from sloctl.registry.store import register_policy
 
-        data_hash = hashlib.sha256(json.dumps(doc["history"], sort_keys=True).encode()
-                                   + json.dumps(doc["forecasts"]).encode()).hexdigest()[:16]
         params = {"strategy": strategy, "budget": budget, "top_k": top_k, "days": days, "target_date": target,
                   "router": runner.router, "hour_units": round(hour_s / mean_iso, 3), "kappa": kappa,
                   "tau_target": tau_target, "log_path": log_path}
         metrics = {"validation_vr": result.best_validation[0], "validation_cost": result.best_validation[1],
                    "spinups": float(len(best.spinups)), "evaluated": float(result.tuning.evaluated)}
-        summary["version"] = register_policy(doc, name=POLICY_NAME, tracking_uri=tracking_uri or "sqlite:///mlflow.db",
-                                             experiment=experiment, data_hash=data_hash, params=params,
-                                             metrics=metrics)
+        summary["version"] = register_policy(plan, tracking_uri=tracking_uri or "sqlite:///mlflow.db",
+                                             experiment=experiment, params=params, metrics=metrics)
     summary["wall_s"] = time.perf_counter() - started
     return summary
 
@@ -278,7 +264,7 @@ def tune_policy_cmd(
                                                            "autoscaler's knobs are tuned); default: round-robin."),
     seed: int = typer.Option(0, help="Seed of forecasts, search and simulation."),
     workers: int | None = typer.Option(None, help="Simulation processes (default: all cores)."),
-    register: bool = typer.Option(True, help=f"Register as '{POLICY_NAME}' (alias champion) in MLflow."),
+    register: bool = typer.Option(True, help="Register as 'execution-config' (alias champion) in MLflow."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     config: Path | None = ConfigOption,
 ) -> None:
@@ -314,4 +300,6 @@ def tune_policy_cmd(
                f"({summary['evaluated']} configurations, {summary['simulations']} simulations, "
                f"{summary['wall_s']:.1f} s)")
     if "version" in summary:
-        echo(f"registered {POLICY_NAME} v{summary['version']} (alias champion) in {cfg.registry.tracking_uri}")
+        from sloctl.control.policies import ExecutionPlan
+
+        echo(f"registered {ExecutionPlan.kind} v{summary['version']} (alias champion) in {cfg.registry.tracking_uri}")

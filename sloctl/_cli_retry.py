@@ -184,13 +184,13 @@ def optimise_cmd(
     if confirm_s > 0:
         echo(f"confirming in the simulator ({confirm_s:g} s, seed {seed}) ...")
         policy = confirm_by_simulation(policy, seed=seed, duration_s=confirm_s)
-    doc = policy.to_json()
+    doc = policy.to_doc()
     if register:
         cfg = load_cli_config(config)
         version = register_retry_policy(policy, tracking_uri=cfg.registry.tracking_uri,
                                         experiment=cfg.registry.experiment, source=str(network))
-        doc["registered"] = {"name": "retry-policy", "version": version, "alias": "champion"}
-        echo(f"registered retry-policy v{version} (alias champion) in {cfg.registry.tracking_uri}")
+        doc["registered"] = {"name": policy.kind, "version": version, "alias": "champion"}
+        echo(f"registered {policy.kind} v{version} (alias champion) in {cfg.registry.tracking_uri}")
     if as_json:
         typer.echo(json.dumps(doc))
         return

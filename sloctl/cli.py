@@ -16,7 +16,7 @@ from pathlib import Path
 
 import typer
 
-from sloctl._cli_common import ConfigOption, echo, load_cli_config, parse_sizes, router_margin
+from sloctl._cli_common import ConfigOption, cli_router, echo, load_cli_config, parse_sizes
 from sloctl._cli_experiments import experiment_app
 from sloctl._cli_forecast import forecast_app
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
@@ -285,8 +285,9 @@ def _simulated_day(cfg, log_path: Path) -> None:
     echo("Simulating a compressed day: round-robin on two clusters vs Queue@N vs AutoSLO autoscaling ...")
     predictor = load_model("models:/iconq@champion", tracking_uri=cfg.registry.tracking_uri)
     frame = read_log(log_path)
-    day = simulated_day(frame, predictor, slo_margin=router_margin(cfg, predictor, frame),
-                        cost_tolerance=cfg.router.cost_tolerance, seed=cfg.demo.seed)
+    router = cli_router(cfg, predictor, frame)
+    day = simulated_day(frame, predictor, slo_margin=router.slo_margin, cost_tolerance=router.cost_tolerance,
+                        seed=cfg.demo.seed)
     table = Table(title=f"A simulated day: {day['queries']} queries ({day['contour']} contour), emulated warehouse")
     for column in ("approach", "VR", "cost", "spin-ups", "teardowns"):
         table.add_column(column, justify="left" if column == "approach" else "right")
@@ -324,7 +325,8 @@ def serve_cmd(
     log_path = templates_log or cfg.serve.templates_log
     templates = load_templates_table(log_path)
     if templates is None:
-        echo("no templates_log: the runtime will route round-robin until one is configured")
+        echo("no templates_log: the runtime routes with the template table inside the model bundle (models "
+             "trained by this sloctl carry one); a model without one routes round-robin until one is configured")
     app_ = create_app(cfg, token=token or None, templates=templates)
     echo(f"sloctl serve on http://{host or cfg.serve.host}:{port} (state in {cfg.serve.state_db})")
     uvicorn.run(app_, host=host or cfg.serve.host, port=port, log_level="warning")

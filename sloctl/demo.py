@@ -60,9 +60,10 @@ def train_demo_models(cfg: SloctlConfig, log_path: Path, *, log: Callable[[str],
     rows = []
     log("Training Stage (LightGBM on isolated executions) ...")
     stage = train_stage(frame, cfg.stage, val_fraction=cfg.iconq.val_fraction,
-                        test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed)
+                        test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed,
+                        risk_quantile=cfg.router.risk_quantile)
     log(f"Training Iconq+ (up to {cfg.iconq.max_epochs} epochs, early stopping) ...")
-    iconq = train_iconq(frame, cfg.stage, cfg.iconq)
+    iconq = train_iconq(frame, cfg.stage, cfg.iconq, risk_quantile=cfg.router.risk_quantile)
     for name, result in (("stage", stage), ("iconq", iconq)):
         reg = register(result, frame, name=name, tracking_uri=cfg.registry.tracking_uri,
                        experiment=cfg.registry.experiment, log_path=str(log_path))

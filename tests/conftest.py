@@ -98,6 +98,43 @@ def sim_log():
     return validate_log(synthetic_log(), source="synthetic log")
 
 
+@pytest.fixture(scope="session")
+def trained_models(sim_log):
+    """Stage and Iconq+ trained once on the synthetic log, for every test that needs a trained model.
+
+    Returns ``{"config": SloctlConfig used, "stage": TrainResult, "iconq": TrainResult}``;
+    ``result.predictor`` is the :class:`~sloctl.models.predictor.LatencyPredictor`.
+    """
+    import dataclasses
+
+    from sloctl.config import load_config
+    from sloctl.training.pipeline import train_iconq, train_stage
+
+    base = load_config()
+    cfg = dataclasses.replace(base, iconq=dataclasses.replace(base.iconq, max_epochs=25))
+    quantile = cfg.router.risk_quantile
+    return {"config": cfg, "stage": train_stage(sim_log, cfg.stage, risk_quantile=quantile),
+            "iconq": train_iconq(sim_log, cfg.stage, cfg.iconq, risk_quantile=quantile)}
+
+
+@pytest.fixture(scope="session")
+def run_sloctl():
+    """``run_sloctl(*args, cwd=None, env=None, timeout_s=900)``: the CLI in a subprocess, as a user runs it.
+
+    Returns the :class:`subprocess.CompletedProcess` (text ``stdout``/``stderr``).
+    """
+    import os
+    import subprocess
+    import sys
+
+    def run(*args: str, cwd=None, env: dict | None = None, timeout_s: float = 900.0) -> subprocess.CompletedProcess:
+        full_env = None if env is None else {**os.environ, **env}
+        return subprocess.run([sys.executable, "-m", "sloctl.cli", *map(str, args)], capture_output=True, text=True,
+                              cwd=cwd, env=full_env, timeout=timeout_s)
+
+    return run
+
+
 @pytest.fixture
 def wait_until():
     """``wait_until(check, what, timeout_s)``: poll ``check()`` until truthy and return its value.

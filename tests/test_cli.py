@@ -11,11 +11,6 @@ import pytest
 from sloctl.datasets.querylog import read_log, read_metadata
 
 
-def sloctl(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sloctl.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=300)
-
-
 def test_help_starts_without_heavy_imports():
     code = (
         "import sys\n"
@@ -30,12 +25,12 @@ def test_help_starts_without_heavy_imports():
     assert "HEAVY []" in out.stdout
 
 
-def test_collect_writes_a_valid_log_and_same_seed_repeats(tmp_path):
+def test_collect_writes_a_valid_log_and_same_seed_repeats(tmp_path, run_sloctl):
     args = ["collect", "--benchmark", "tpch", "--sf", "0.01", "--sizes", "1", "--workload", "base",
             "--rate", "40", "--copies", "1", "--seed", "7", "--data-dir", str(tmp_path / "data")]
-    first = sloctl(*args, "--out", str(tmp_path / "a.parquet"))
+    first = run_sloctl(*args, "--out", str(tmp_path / "a.parquet"))
     assert first.returncode == 0, first.stderr
-    second = sloctl(*args, "--out", str(tmp_path / "b.parquet"))
+    second = run_sloctl(*args, "--out", str(tmp_path / "b.parquet"))
     assert second.returncode == 0, second.stderr
     assert "Reusing tpch SF 0.01" in second.stderr  # the database is generated once
     a, b = read_log(tmp_path / "a.parquet"), read_log(tmp_path / "b.parquet")
@@ -64,42 +59,42 @@ def bad_log(tmp_path):
     return path
 
 
-def test_log_validate_reports_first_bad_column(bad_log):
-    out = sloctl("log", "validate", str(bad_log))
+def test_log_validate_reports_first_bad_column(bad_log, run_sloctl):
+    out = run_sloctl("log", "validate", str(bad_log))
     assert out.returncode == 2
     assert "column 'end_s' must be >= start_s" in out.stderr
 
 
-def test_config_with_unknown_key_exits_non_zero(tmp_path):
+def test_config_with_unknown_key_exits_non_zero(tmp_path, run_sloctl):
     path = tmp_path / "c.yaml"
     path.write_text("collect:\n  sizez: [1]\n")
-    out = sloctl("config", "show", "--config", str(path))
+    out = run_sloctl("config", "show", "--config", str(path))
     assert out.returncode == 2
     assert "unknown key 'collect.sizez'" in out.stderr and "c.yaml" in out.stderr
 
 
-def test_bad_sizes_are_a_usage_error(tmp_path):
-    out = sloctl("collect", "--sizes", "1,x", "--out", str(tmp_path / "q.parquet"))
+def test_bad_sizes_are_a_usage_error(tmp_path, run_sloctl):
+    out = run_sloctl("collect", "--sizes", "1,x", "--out", str(tmp_path / "q.parquet"))
     assert out.returncode == 2
     assert "--sizes" in out.stderr
 
 
-def test_import_redset_cli(tmp_path):
+def test_import_redset_cli(tmp_path, run_sloctl):
     raw = pd.DataFrame({"instance_id": [1, 1], "arrival_timestamp": ["2024-03-01 00:00:00",
                                                                      "2024-03-01 00:00:03"],
                         "queue_duration_ms": [0, 100], "execution_duration_ms": [200, 300],
                         "was_aborted": [False, False], "num_joins": [1, 2]})
     raw.to_parquet(tmp_path / "redset.parquet")
-    out = sloctl("import", "redset", str(tmp_path / "redset.parquet"), "--out", str(tmp_path / "q.parquet"))
+    out = run_sloctl("import", "redset", str(tmp_path / "redset.parquet"), "--out", str(tmp_path / "q.parquet"))
     assert out.returncode == 0, out.stderr
     assert read_log(tmp_path / "q.parquet")["f_joins"].tolist() == [1.0, 2.0]
 
 
-def test_sizes_beyond_the_machine_are_refused(tmp_path):
+def test_sizes_beyond_the_machine_are_refused(tmp_path, run_sloctl):
     import os
 
     too_big = len(os.sched_getaffinity(0)) + 1
-    out = sloctl("collect", "--sf", "0.01", "--sizes", str(too_big), "--rate", "10", "--copies", "1",
+    out = run_sloctl("collect", "--sf", "0.01", "--sizes", str(too_big), "--rate", "10", "--copies", "1",
                  "--data-dir", str(tmp_path / "data"), "--out", str(tmp_path / "q.parquet"))
     assert out.returncode == 2
     assert f"A cluster of size {too_big} needs {too_big} free cores" in out.stderr

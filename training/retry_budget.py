@@ -28,12 +28,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sloctl.control.policies import RetryPolicy
 from sloctl.models.retry_network import NetworkSpec
 
+# RetryPolicy (the document) lives in sloctl.control.policies; it is re-exported here, where it is chosen.
 __all__ = ["BudgetSearch", "RetryPolicy", "load_retry_policy", "optimise_budgets", "register_retry_policy"]
 
 Objective = Literal["goodput", "targets"]
-POLICY_NAME = "retry-policy"
 
 
 @dataclass(frozen=True)
@@ -63,26 +64,6 @@ class BudgetSearch:
                              f"got {self.max_amplification!r}.")
         if not 0 <= self.max_retries <= 20:
             raise ValueError(f"The 'max_retries' parameter must be in [0, 20], got {self.max_retries!r}.")
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """A chosen set of budgets with the figures behind it (JSON-ready via :meth:`to_json`)."""
-
-    retries: dict[str, dict[str, int]]
-    feasible: bool
-    score: float
-    amplification: float
-    predicted: dict[str, dict[str, float]]
-    search: dict[str, Any]
-    network: dict[str, Any]
-    evaluated: int
-    simulated: dict[str, dict[str, Any]] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": POLICY_NAME, "retries": self.retries, "feasible": self.feasible, "score": self.score,
-                "amplification": self.amplification, "predicted": self.predicted, "simulated": self.simulated,
-                "search": self.search, "evaluated": self.evaluated, "network": self.network}
 
 
 def _evaluate(spec: NetworkSpec, search: BudgetSearch) -> tuple[float, float, float, dict[str, dict[str, float]]]:
@@ -156,13 +137,16 @@ def optimise_budgets(spec: NetworkSpec, search: BudgetSearch | None = None, *,
     goodput, amplification, shortfall, table = best_eval
     feasible = amplification <= search.max_amplification + 1e-12 and (
         search.objective != "targets" or shortfall <= 1e-12)
-    return RetryPolicy(retries={c: dict(best_spec.retries[c]) for c in classes}, feasible=feasible, score=goodput,
+    retries = {c: dict(best_spec.retries[c]) for c in classes}
+    network = best_spec.to_mapping()
+    return RetryPolicy(retries=retries, feasible=feasible, score=goodput,
                        amplification=amplification, predicted=table,
                        search={"objective": search.objective, "targets": dict(search.targets),
                                "max_amplification": None if math.isinf(search.max_amplification)
                                else search.max_amplification,
                                "max_retries": search.max_retries, "per_hop": search.per_hop, "model": search.model},
-                       network=best_spec.to_mapping(), evaluated=evaluated)
+                       network=network, evaluated=evaluated,
+                       provenance={"data_hash": policy_hash({"network": network, "retries": retries})})
 
 
 def confirm_by_simulation(policy: RetryPolicy, *, seed: int = 0, duration_s: float = 600.0) -> RetryPolicy:
@@ -178,7 +162,7 @@ def confirm_by_simulation(policy: RetryPolicy, *, seed: int = 0, duration_s: flo
                      "end_to_end_rejection_ci": v["end_to_end_rejection_ci"],
                      "success_per_s": v["success_per_s"], "calls_per_success": v["calls_per_success"]}
                  for c, v in sim["classes"].items()}
-    return replace(policy, simulated=simulated)
+    return replace(policy, simulated=simulated, provenance={**policy.provenance, "seed": str(seed)})
 
 
 def policy_hash(policy: Mapping[str, Any]) -> str:
@@ -188,15 +172,22 @@ def policy_hash(policy: Mapping[str, Any]) -> str:
 
 
 def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment: str, source: str = "",
-                          name: str = POLICY_NAME, alias: str = "champion") -> str:
-    """Log ``policy`` to MLflow and register it as model ``name``; ``alias`` moves to the new version.
+                          name: str | None = None, alias: str = "champion") -> str:
+    """Log ``policy`` to MLflow and register it as model ``name`` (default ``retry-policy``); ``alias`` moves to it.
+
+    ``source`` (the network file) and, if the policy lacks one, its data hash
+    (network and budgets) join its provenance.
 
     Returns:
         The registered version.
     """
+    from dataclasses import replace
+
     from sloctl.registry.store import register_policy
 
-    doc = policy.to_json()
+    provenance = {"data_hash": policy_hash({"network": policy.network, "retries": policy.retries}),
+                  **policy.provenance, **({"source": source} if source else {})}
+    policy = replace(policy, provenance=provenance)
     metrics = {"amplification": policy.amplification, "weighted_goodput_per_s": policy.score}
     for c, row in policy.predicted.items():
         metrics[f"predicted_rejection_{c}"] = row["end_to_end_rejection"]
@@ -206,13 +197,13 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
               "max_retries": policy.search["max_retries"], "per_hop": policy.search["per_hop"],
               "max_amplification": policy.search["max_amplification"],
               **{f"k_{c}": json.dumps(v, sort_keys=True) for c, v in policy.retries.items()}}
-    return register_policy(doc, name=name, tracking_uri=tracking_uri, experiment=experiment,
-                           data_hash=policy_hash(doc), params=params, metrics=metrics,
-                           tags={"network_source": source, "feasible": str(policy.feasible)}, alias=alias)
+    return register_policy(policy, name=name, tracking_uri=tracking_uri, experiment=experiment, params=params,
+                           metrics=metrics, tags={"network_source": source, "feasible": str(policy.feasible)},
+                           alias=alias)
 
 
-def load_retry_policy(uri: str = f"models:/{POLICY_NAME}@champion", *, tracking_uri: str) -> dict[str, Any]:
-    """The policy document registered under ``uri`` (what :meth:`RetryPolicy.to_json` wrote)."""
+def load_retry_policy(uri: str = f"models:/{RetryPolicy.kind}@champion", *, tracking_uri: str) -> RetryPolicy:
+    """The :class:`RetryPolicy` registered under ``uri``."""
     from sloctl.registry.store import load_policy
 
-    return load_policy(uri, tracking_uri=tracking_uri)
+    return load_policy(uri, tracking_uri=tracking_uri, kind=RetryPolicy.kind)

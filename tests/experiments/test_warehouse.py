@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
-from sloctl.config import load_config
 from sloctl.experiments.warehouse import (
     RouterExperimentConfig,
     ScalingExperimentConfig,
@@ -15,13 +13,11 @@ from sloctl.experiments.warehouse import (
     router_experiment,
     scaling_experiment,
 )
-from sloctl.training.pipeline import train_iconq
 
 
 @pytest.fixture(scope="module")
-def iconq_plus(sim_log):
-    cfg = load_config()
-    return train_iconq(sim_log, cfg.stage, dataclasses.replace(cfg.iconq, max_epochs=3)).predictor
+def iconq_plus(trained_models):
+    return trained_models["iconq"].predictor
 
 
 def test_router_experiment_json_shape(sim_log, iconq_plus):

@@ -16,15 +16,10 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory, sim_log):
-    """A registry URI and the two trained models (registered later, per test)."""
-    from sloctl.training.pipeline import train_iconq, train_stage
-
-    base = load_config()
-    cfg = dataclasses.replace(base, iconq=dataclasses.replace(base.iconq, max_epochs=3))
-    folder = tmp_path_factory.mktemp("registry")
-    return {"folder": folder, "stage": train_stage(sim_log, cfg.stage), "iconq": train_iconq(sim_log, cfg.stage,
-                                                                                            cfg.iconq)}
+def registry(tmp_path_factory, trained_models):
+    """A registry folder and the two trained models (registered later, per test)."""
+    return {"folder": tmp_path_factory.mktemp("registry"), "stage": trained_models["stage"],
+            "iconq": trained_models["iconq"]}
 
 
 def _cfg(uri: str, state_db: str):
@@ -125,14 +120,16 @@ def test_retry_policy_is_served_as_json_and_as_envoy_routes(tmp_path):
         assert client.get("/v1/retry-policy/envoy", params={"service": "nope"}).status_code == 422
         assert client.get("/v1/execution-config").status_code == 404
     # The Policy Tuner's execution configuration is served by alias too.
+    from sloctl.control.policies import ExecutionPlan
+    from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup
     from sloctl.registry.store import register_policy
 
-    doc = {"kind": "execution-config", "spinups": [{"time_s": 3.0, "size": 2}], "knobs": {"start_clusters": 2}}
-    register_policy(doc, name="execution-config", tracking_uri=uri, experiment="t", data_hash="x", params={},
-                    metrics={"validation_vr": 0.1})
+    plan = ExecutionPlan(ExecutionConfig(spinups=(ScheduledSpinup(3.0, 2),)), knobs={"start_clusters": 2})
+    register_policy(plan, tracking_uri=uri, experiment="t", metrics={"validation_vr": 0.1})
     with LocalServer(create_app(_cfg(uri, str(tmp_path / "state.db")), token=TOKEN)) as client:
         served = client.get("/v1/execution-config").json()
-        assert served["spinups"] == doc["spinups"] and served["source"].endswith("v1")
+        assert served["spinups"] == [{"time_s": 3.0, "size": 2, "mode": "add"}] and served["source"].endswith("v1")
+        assert {k: v for k, v in served.items() if k != "source"} == plan.to_doc()
 
 
 def load_templates_table_from(log):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sloctl.control.admission import AdmitAll
 from sloctl.experiments.admission import APPROACHES, make_policy, synthetic_workload
-from sloctl.simulation.admission_policies import AdmitAll
 from sloctl.simulation.server_sim import RequestType, ServerConfig, capacity_per_s, isolated_service_s, simulate
 
 CONFIG = ServerConfig()

@@ -12,17 +12,17 @@ WORKLOAD = "configs/admission_workload.yaml"
 def test_tuned_policy_registers_and_configures_the_middleware(tmp_path):
     from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore
 
-    doc = tune_admission(load_workload(WORKLOAD), trials=2, duration_s=0.02, seed=1)
-    assert doc["kind"] == "admission-policy"
-    assert doc["metrics"]["weighted_goodput_per_s"] >= doc["metrics"]["default_weighted_goodput_per_s"] * 0.999
-    assert {c["name"] for c in doc["classes"]} == {"high", "low"}
+    policy = tune_admission(load_workload(WORKLOAD), trials=2, duration_s=0.02, seed=1)
+    assert policy.kind == "admission-policy"
+    assert policy.metrics["weighted_goodput_per_s"] >= policy.metrics["default_weighted_goodput_per_s"] * 0.999
+    assert {c.name for c in policy.classes} == {"high", "low"}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert register_admission_policy(doc, tracking_uri=uri, experiment="t") == "1"
+    assert register_admission_policy(policy, tracking_uri=uri, experiment="t") == "1"
     middleware = AdmissionMiddleware.from_registry(object(), tracking_uri=uri)
     assert middleware.settings.classes == ("high", "low")
-    assert middleware.controller.credits == doc["credits"]["initial_credits"]
-    sem = AsyncMSemaphore.from_policy(doc, tune=True, max_bandwidth=1e9)
-    assert sem.capacity == doc["msem"]["capacity"]
+    assert middleware.controller.credits == policy.credits.initial_credits
+    sem = AsyncMSemaphore.from_policy(policy, tune=True, max_bandwidth=1e9)
+    assert sem.capacity == policy.msem.capacity
 
 
 def test_bad_workload_description_is_named(tmp_path):

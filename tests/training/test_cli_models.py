@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,11 +17,6 @@ from sloctl.registry.bundles import save_predictor
 from sloctl.training.pipeline import fit_stage
 
 
-def sloctl(*args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sloctl.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory, sim_log):
     path = tmp_path_factory.mktemp("cli")
@@ -32,14 +25,15 @@ def workdir(tmp_path_factory, sim_log):
     return path
 
 
-def test_train_register_evaluate_json(workdir):
-    out = sloctl("train", "iconq", "--log", "log.parquet", "--config", "fast.yaml", cwd=workdir)
+@pytest.mark.slow  # about 25 s: trains Iconq+ to convergence through the CLI
+def test_train_register_evaluate_json(workdir, run_sloctl):
+    out = run_sloctl("train", "iconq", "--log", "log.parquet", "--config", "fast.yaml", cwd=workdir)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["champion"] is True and summary["version"] == "1"
     assert "epoch" in out.stderr  # progress on long work
     assert (workdir / "mlflow.db").is_file()
-    out = sloctl("evaluate", "predictor", "--log", "log.parquet", "--model", "models:/iconq@champion", "--json",
+    out = run_sloctl("evaluate", "predictor", "--log", "log.parquet", "--model", "models:/iconq@champion", "--json",
                  cwd=workdir)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
@@ -47,42 +41,42 @@ def test_train_register_evaluate_json(workdir):
     assert 1.0 <= result["q_error"]["p50"] <= result["q_error"]["p90"] <= result["q_error"]["p95"]
 
 
-def test_stage_bundle_without_registry(workdir):
-    out = sloctl("train", "stage", "--log", "log.parquet", "--no-register", "--out", "stage_bundle", cwd=workdir)
+def test_stage_bundle_without_registry(workdir, run_sloctl):
+    out = run_sloctl("train", "stage", "--log", "log.parquet", "--no-register", "--out", "stage_bundle", cwd=workdir)
     assert out.returncode == 0, out.stderr
-    out = sloctl("evaluate", "predictor", "--log", "log.parquet", "--model", "stage_bundle", "--json", cwd=workdir)
+    out = run_sloctl("evaluate", "predictor", "--log", "log.parquet", "--model", "stage_bundle", "--json", cwd=workdir)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n"] > 0
 
 
-def test_evaluate_on_empty_or_invalid_log_exits_non_zero(workdir, sim_log):
-    sloctl("train", "stage", "--log", "log.parquet", "--no-register", "--out", "b", cwd=workdir)
+def test_evaluate_on_empty_or_invalid_log_exits_non_zero(workdir, sim_log, run_sloctl):
+    run_sloctl("train", "stage", "--log", "log.parquet", "--no-register", "--out", "b", cwd=workdir)
     write_log(sim_log.iloc[:0], workdir / "empty.parquet")
-    out = sloctl("evaluate", "predictor", "--log", "empty.parquet", "--model", "b", cwd=workdir)
+    out = run_sloctl("evaluate", "predictor", "--log", "empty.parquet", "--model", "b", cwd=workdir)
     assert out.returncode == 2 and "empty" in out.stderr
     (workdir / "broken.parquet").write_bytes(b"nope")
-    out = sloctl("evaluate", "predictor", "--log", "broken.parquet", "--model", "b", cwd=workdir)
+    out = run_sloctl("evaluate", "predictor", "--log", "broken.parquet", "--model", "b", cwd=workdir)
     assert out.returncode == 2 and "not a readable Parquet file" in out.stderr
-    out = sloctl("evaluate", "predictor", "--log", "missing.parquet", "--model", "b", cwd=workdir)
+    out = run_sloctl("evaluate", "predictor", "--log", "missing.parquet", "--model", "b", cwd=workdir)
     assert out.returncode == 2 and "not found" in out.stderr
 
 
-def test_train_iconq_rejects_unknown_variant(workdir):
-    out = sloctl("train", "iconq", "--log", "log.parquet", "--variant", "lstm9", cwd=workdir)
+def test_train_iconq_rejects_unknown_variant(workdir, run_sloctl):
+    out = run_sloctl("train", "iconq", "--log", "log.parquet", "--variant", "lstm9", cwd=workdir)
     assert out.returncode == 2 and "--variant" in out.stderr
 
 
-def test_predict_one_query_against_neighbours(workdir, tpch_db):
+def test_predict_one_query_against_neighbours(workdir, tpch_db, run_sloctl):
     bundle = workdir / "tpch_stage"
     # a Stage bundle trained on TPC-H plan features, from a tiny real log
     log = collect(tpch_db, isolated_workload(load_templates("tpch"), 1), [1], log=None).log
     stage = fit_stage(log, np.arange(len(log)), StageConfig(), np.zeros(len(log), int))
     save_predictor(LatencyPredictor(stage), bundle)
-    out = sloctl("predict", "--template", "tpch-q05", "--size", "1", "-n", "tpch-q01@-0.5", "--model", str(bundle),
+    out = run_sloctl("predict", "--template", "tpch-q05", "--size", "1", "-n", "tpch-q01@-0.5", "--model", str(bundle),
                  "--sf", "0.01", "--data-dir", str(tpch_db.parent), "--json", cwd=workdir)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert result["latency_s"] > 0 and result["n_neighbours"] == 1
-    out = sloctl("predict", "--template", "tpch-q05", "--size", "1", "-n", "q01", "--model", str(bundle),
+    out = run_sloctl("predict", "--template", "tpch-q05", "--size", "1", "-n", "q01", "--model", str(bundle),
                  cwd=workdir)
     assert out.returncode == 2 and "TEMPLATE@OFFSET_S" in out.stderr

@@ -10,7 +10,7 @@ import pytest
 from sloctl.config import load_config
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION
 from sloctl.registry.bundles import ModelSchemaError, check_log_schema, load_predictor, save_predictor
-from sloctl.training.pipeline import evaluate_predictor, split_rows, train_iconq, train_stage
+from sloctl.training.pipeline import evaluate_predictor, split_rows, train_stage
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +20,8 @@ def cfg():
 
 
 @pytest.fixture(scope="module")
-def trained(sim_log, cfg):
-    return {"stage": train_stage(sim_log, cfg.stage), "iconq": train_iconq(sim_log, cfg.stage, cfg.iconq)}
+def trained(trained_models):
+    return {"stage": trained_models["stage"], "iconq": trained_models["iconq"]}
 
 
 def test_split_is_by_query_seeded_and_disjoint():

@@ -116,7 +116,8 @@ def test_bad_strategy_and_budget_raise_config_error():
 
 
 def test_tune_policy_registers_an_execution_config_that_loads_back(tmp_path, sim_log):
-    from sloctl._cli_policy import POLICY_NAME, tune_policy_run
+    from sloctl._cli_policy import tune_policy_run
+    from sloctl.control.policies import ExecutionPlan
     from sloctl.registry.store import load_policy
 
     hours = pd.date_range("2024-03-01", periods=3 * 24, freq="h")
@@ -129,7 +130,9 @@ def test_tune_policy_registers_an_execution_config_that_loads_back(tmp_path, sim
                               tracking_uri=uri, experiment="t")
     assert summary["target_date"] == "2024-03-04" and summary["history"]["days"] == 2
     assert summary["evaluated"] <= 3 and summary["version"] == "1"
-    doc = load_policy(f"models:/{POLICY_NAME}@champion", tracking_uri=uri)
+    plan = load_policy(f"models:/{ExecutionPlan.kind}@champion", tracking_uri=uri)
+    assert isinstance(plan, ExecutionPlan) and plan.provenance["seed"] == "0"
+    doc = plan.to_doc()
     assert doc["start_sizes"] == summary["start_sizes"] and doc["spinups"] == summary["spinups"]
     assert 0.0 <= doc["predicted"]["validation_vr"] <= 1.0 and doc["predicted"]["validation_cost"] > 0
     assert len(doc["trials"]) == summary["evaluated"]

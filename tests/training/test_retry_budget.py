@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,11 +11,6 @@ from sloctl.models.retry_network import load_network
 from sloctl.training.retry_budget import BudgetSearch, optimise_budgets
 
 TANDEM = "configs/networks/tandem.yaml"
-
-
-def sloctl(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sloctl.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +60,8 @@ def test_policy_is_confirmed_registered_and_loaded_back(overloaded, tmp_path):
     version = register_retry_policy(policy, tracking_uri=uri, experiment="t", source=TANDEM)
     loaded = load_retry_policy(tracking_uri=uri)
     assert version == "1"
-    assert loaded["retries"] == policy.retries and loaded["kind"] == "retry-policy"
+    assert loaded.retries == policy.retries and loaded.kind == "retry-policy"
+    assert loaded.provenance["source"] == TANDEM and loaded.provenance["data_hash"] == policy.provenance["data_hash"]
 
 
 def test_sweep_holds_the_fixed_class_and_hits_each_load():
@@ -85,20 +79,20 @@ def test_sweep_holds_the_fixed_class_and_hits_each_load():
         sweep_spec(spec.scale_arrivals({"high": 10.0}), 1.0, ("high",))
 
 
-def test_cli_solve_and_simulate_print_the_documented_json(tmp_path):
-    solved = sloctl("retry", "solve", "--network", TANDEM, "--model", "fluid", "--json")
+def test_cli_solve_and_simulate_print_the_documented_json(tmp_path, run_sloctl):
+    solved = run_sloctl("retry", "solve", "--network", TANDEM, "--model", "fluid", "--json")
     assert solved.returncode == 0, solved.stderr
     out = json.loads(solved.stdout)
     assert set(out["classes"]["high"]) >= {"completion_probability", "end_to_end_rejection"}
     assert set(out["services"]["backend"]["low"]) >= {"offered_per_s", "accepted_per_s", "attempt_rejection",
                                                      "final_rejection"}
     assert {"converged", "iterations", "uniqueness"} <= set(out)
-    simulated = sloctl("retry", "simulate", "--network", TANDEM, "--seed", "3", "--duration-s", "60", "--json")
+    simulated = run_sloctl("retry", "simulate", "--network", TANDEM, "--seed", "3", "--duration-s", "60", "--json")
     assert simulated.returncode == 0, simulated.stderr
     sim = json.loads(simulated.stdout)
     assert len(sim["classes"]["low"]["end_to_end_rejection_ci"]) == 2
     bad = tmp_path / "bad.yaml"
     bad.write_text(Path(TANDEM).read_text().replace("backend: 1.0", "backnd: 1.0"))
-    refused = sloctl("retry", "solve", "--network", str(bad))
+    refused = run_sloctl("retry", "solve", "--network", str(bad))
     assert refused.returncode == 2
     assert "unknown service 'backnd'" in refused.stderr

@@ -1,0 +1,158 @@
+"""Build the Query Router for a latency model: one function for every driver (AutoSLO §5).
+
+``sloctl serve`` (:class:`~sloctl.serving.runtime.Runtime`) and the CLI's
+experiments (``sloctl experiment router|sizer|trigger``, the demo) build their
+router here, so that the same model and the same ``router:`` settings give the
+same router: the same SLO margin, cost tolerance and template table, hence the
+same decisions. The model bundle carries the margin calibrated on its training
+log and its template table (:mod:`sloctl.registry.bundles`); what this module
+adds is the order in which the sources count, written down once in
+:func:`build_router`.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter
+from sloctl.models.calibration import MarginCalibration, calibrate_slo_margin
+from sloctl.models.online import OnlinePredictor
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sloctl.core.config import RouterSection
+    from sloctl.models.predictor import LatencyPredictor
+
+__all__ = ["DEFAULT_SLO_MARGIN", "BuiltRouter", "MarginChoice", "build_router", "resolve_slo_margin",
+           "router_templates"]
+
+#: The margin used when neither the config, the model bundle nor a log gives one (with a warning):
+#: the value the runtime hard-coded before bundles carried a calibrated margin.
+DEFAULT_SLO_MARGIN = 0.3
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MarginChoice:
+    """The Query Router's SLO margin and where it came from.
+
+    Attributes:
+        slo_margin: count a query as violating once its predicted latency
+            exceeds ``(1 − slo_margin) × SLO``.
+        source: ``"config"``, ``"bundle"``, ``"calibrated"`` (on a log given
+            now) or ``"default"``.
+        calibration: the figures behind a bundle's or a calibrated margin.
+    """
+
+    slo_margin: float
+    source: str
+    calibration: MarginCalibration | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class BuiltRouter:
+    """A router ready to route, with the settings it was built from.
+
+    Attributes:
+        router: ``IconqRouter``, ``StageCostRouter`` or ``RoundRobinRouter``.
+        online: the router's :class:`~sloctl.models.online.OnlinePredictor`
+            (``None`` for round-robin).
+        kind: ``"iconq"``, ``"stage"`` or ``"round-robin"``.
+        margin: the SLO margin and its source (``None`` unless ``kind`` is
+            ``"iconq"``: only the Iconq+ router uses one).
+        cost_tolerance: ``router.cost_tolerance`` (the Iconq+ router's).
+        templates: the template table routed with (``None`` for round-robin).
+    """
+
+    router: Any
+    online: OnlinePredictor | None
+    kind: str
+    margin: MarginChoice | None
+    cost_tolerance: float
+    templates: pd.DataFrame | None
+
+    @property
+    def slo_margin(self) -> float | None:
+        return None if self.margin is None else self.margin.slo_margin
+
+
+def router_templates(predictor: LatencyPredictor | None, templates: pd.DataFrame | None = None
+                     ) -> pd.DataFrame | None:
+    """The template table to route with: ``templates`` if given (``serve.templates_log``), else the bundle's."""
+    if templates is not None:
+        return templates
+    return None if predictor is None else predictor.templates
+
+
+def resolve_slo_margin(predictor: LatencyPredictor, router: RouterSection, *, log: pd.DataFrame | None = None,
+                       say: Callable[[str], None] | None = None) -> MarginChoice:
+    """The Iconq+ router's SLO margin, by the precedence documented in :func:`build_router`."""
+    say = say or _log.info
+    if router.slo_margin is not None:
+        return MarginChoice(router.slo_margin, "config")
+    if predictor.calibration is not None:
+        calibration = predictor.calibration
+        say(f"{calibration.describe()}; from the model bundle (calibrated on its training log)")
+        return MarginChoice(calibration.slo_margin, "bundle", calibration)
+    if log is not None:
+        calibration = calibrate_slo_margin(predictor, log, router.risk_quantile)
+        say(calibration.describe())
+        return MarginChoice(calibration.slo_margin, "calibrated", calibration)
+    warnings.warn(f"The router's SLO margin is not set (router.slo_margin is null), the model bundle carries none "
+                  f"(it was saved by an older sloctl) and no log was given to calibrate one on; using the default "
+                  f"{DEFAULT_SLO_MARGIN}. Retrain the model or set router.slo_margin.", UserWarning, stacklevel=3)
+    return MarginChoice(DEFAULT_SLO_MARGIN, "default")
+
+
+def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
+                 templates: pd.DataFrame | None = None, log: pd.DataFrame | None = None, use_iconq: bool = True,
+                 say: Callable[[str], None] | None = None) -> BuiltRouter:
+    """The Query Router for ``predictor`` under the ``router:`` settings.
+
+    The Iconq+ router's SLO margin (AutoSLO §5, with the margin of
+    ``docs/control.md``) comes from the first of:
+
+    1. ``router.slo_margin`` in the config, when it is set;
+    2. the margin stored in the model bundle (calibrated on the model's
+       training log at ``router.risk_quantile`` when it was trained);
+    3. a margin calibrated now on ``log`` at ``router.risk_quantile``, when a
+       log is given (what ``sloctl experiment`` did before bundles carried a
+       margin; it still does for such older bundles) — said through ``say``;
+    4. :data:`DEFAULT_SLO_MARGIN` (0.3), with a warning.
+
+    The template table (plan features per template) is ``templates`` when
+    given (``sloctl serve --templates-log``, the log an experiment runs on),
+    else the one stored in the bundle. Without a predictor or a table the
+    router is round-robin; with ``use_iconq=False`` it is the concurrency-
+    unaware ``StageCostRouter`` (which uses no margin).
+
+    Args:
+        predictor: the latency model, or ``None``.
+        router: the ``router:`` config section (margin, risk quantile, cost
+            tolerance).
+        templates: an explicit template table, overriding the bundle's.
+        log: a query log to calibrate the margin on when neither the config
+            nor the bundle gives one.
+        use_iconq: ``False`` builds the Stage router.
+        say: where to report the margin's source (default: this module's
+            logger at INFO); the CLI passes its stderr printer.
+
+    Returns:
+        The router, its online predictor and the settings it uses.
+    """
+    table = router_templates(predictor, templates)
+    if predictor is None or table is None:
+        return BuiltRouter(RoundRobinRouter(), None, "round-robin", None, router.cost_tolerance, table)
+    if not use_iconq:
+        online = OnlinePredictor(predictor, table, use_iconq=False)
+        return BuiltRouter(StageCostRouter(online), online, "stage", None, router.cost_tolerance, table)
+    margin = resolve_slo_margin(predictor, router, log=log, say=say)
+    online = OnlinePredictor(predictor, table)
+    return BuiltRouter(IconqRouter(online, slo_margin=margin.slo_margin, cost_tolerance=router.cost_tolerance),
+                       online, "iconq", margin, router.cost_tolerance, table)
