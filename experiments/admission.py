@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.control.admission import AdmitAll, Svalinn
+from sloctl.control.credits import DropPenaltyUtility, ThroughputUtility
 from sloctl.simulation.admission_policies import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
 from sloctl.simulation.server_sim import (
     DemandChange,
@@ -166,7 +167,6 @@ def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s:
         "sweep": [...], "drop_utility": {...}, "bus_loss_sensitivity": [...]}`` plus ``capacity_per_s``,
         ``slo_s`` and ``convergence`` (details of the convergence run).
     """
-    from sloctl.control.credits import DropPenaltyUtility, ThroughputUtility
 
     config = ServerConfig()
     types = synthetic_workload(config=config)

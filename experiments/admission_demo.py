@@ -22,6 +22,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sloctl.control.admission import MemoryGate, Svalinn
+from sloctl.control.aqm import BottleneckAQM
+from sloctl.control.credits import ClassShare, CreditController
+from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore
+
 __all__ = ["LoadResult", "build_app", "run_load"]
 
 
@@ -32,10 +37,6 @@ def build_app(*, controlled: bool, mem_mb: int = 64, msem_capacity: int = 2, cre
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
-    from sloctl.control.admission import MemoryGate, Svalinn
-    from sloctl.control.aqm import BottleneckAQM
-    from sloctl.control.credits import ClassShare, CreditController
-    from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore
 
     source = np.ones(mem_mb * 1024 * 1024 // 8)
     app = FastAPI(title="sloctl admission demo")

@@ -14,9 +14,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sloctl.control.router import Query
+from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
+from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, ShadowRoundRobinRouter
 from sloctl.core.errors import ClusterPoolError
+from sloctl.datasets.tpc import Template
+from sloctl.datasets.workloads import base_workload
 from sloctl.experiments.warehouse import ScalingExperimentConfig, autoscaler_config, mean_delta, predictor_error
+from sloctl.models.online import OnlinePredictor
 from sloctl.serving.live import live_setup, run_live, torch_threads
 
 if TYPE_CHECKING:
@@ -90,10 +94,6 @@ def live_router_experiment(
         :func:`paired_rounds`) and ``time_scale``.
     """
 
-    from sloctl.control.router import IconqRouter, RoundRobinRouter, ShadowRoundRobinRouter
-    from sloctl.datasets.tpc import Template
-    from sloctl.datasets.workloads import base_workload
-    from sloctl.models.online import OnlinePredictor
 
     if not (math.isfinite(load) and load > 0):
         raise ValueError(f"The 'load' parameter of live_router_experiment must be > 0, got {load!r}.")
@@ -219,11 +219,6 @@ def live_autoscale_experiment(
     """
     import os
 
-    from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
-    from sloctl.control.router import IconqRouter
-    from sloctl.datasets.tpc import Template
-    from sloctl.datasets.workloads import base_workload
-    from sloctl.models.online import OnlinePredictor
 
     free = len(os.sched_getaffinity(0)) - 1
     if free < 1:

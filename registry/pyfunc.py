@@ -15,6 +15,9 @@ import mlflow.pyfunc
 import numpy as np
 import pandas as pd
 
+from sloctl.control.policies import policy_from_doc
+from sloctl.registry.bundles import load_predictor
+
 __all__ = ["LatencyPyfunc", "PolicyPyfunc"]
 
 
@@ -22,7 +25,6 @@ class LatencyPyfunc(mlflow.pyfunc.PythonModel):
     """Loads the predictor bundle once; ``predict`` has no side effects."""
 
     def load_context(self, context: Any) -> None:
-        from sloctl.registry.bundles import load_predictor
 
         self.predictor = load_predictor(context.artifacts["bundle"])
 
@@ -47,7 +49,6 @@ class PolicyPyfunc(mlflow.pyfunc.PythonModel):
         import json
         from pathlib import Path
 
-        from sloctl.control.policies import policy_from_doc
 
         self.policy = policy_from_doc(json.loads(Path(context.artifacts["policy"]).read_text()))
 

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.control.policies import PolicyDocument
+from sloctl.datasets.analysis import overlap_counts
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
+from sloctl.models.metrics import q_error_summary
+from sloctl.registry.bundles import load_predictor, save_predictor
 
 __all__ = ["Registration", "connect", "load_model", "load_policy", "register", "register_policy"]
 
@@ -58,8 +61,6 @@ def _validation_score(predictor: Any, log: Any, rows: Any, metric: str) -> float
     """The selection metric of ``predictor`` on validation ``rows`` of ``log``."""
     import numpy as np
 
-    from sloctl.datasets.analysis import overlap_counts
-    from sloctl.models.metrics import q_error_summary
 
     predicted = predictor.predict(log, neighbours="overlap")
     ok = log["status"].to_numpy() == "ok"
@@ -90,7 +91,6 @@ def register(result: Any, log: Any, *, name: str, tracking_uri: str, experiment:
     from mlflow import MlflowClient
     from mlflow.exceptions import MlflowException
 
-    from sloctl.registry.bundles import save_predictor
 
     with _quiet_pyfunc_logging():
         from sloctl.registry.pyfunc import LatencyPyfunc
@@ -167,7 +167,6 @@ def load_model(uri: str, *, tracking_uri: str) -> Any:
     """
     path = Path(uri)
     if path.is_dir() and (path / "meta.json").is_file():
-        from sloctl.registry.bundles import load_predictor
 
         return load_predictor(path)
     mlflow = connect(tracking_uri)

@@ -34,7 +34,9 @@ from typing import Any
 from sloctl.control.admission import InFlightRequest, MemoryGate, RequestProfile, Svalinn
 from sloctl.control.aqm import BottleneckAQM, DelayBudget
 from sloctl.control.credits import ClassShare, CreditController
+from sloctl.control.msemaphore import EpsilonGreedyTuner
 from sloctl.control.policies import AdmissionPolicy
+from sloctl.registry.store import load_policy
 
 __all__ = ["AdmissionMiddleware", "AdmissionSettings", "AsyncMSemaphore", "MSemaphoreDropped"]
 
@@ -147,7 +149,6 @@ class AdmissionMiddleware:
                       uri: str = f"models:/{AdmissionPolicy.kind}@champion",
                       settings: AdmissionSettings | None = None) -> AdmissionMiddleware:
         """A middleware configured from the registered admission policy (by alias)."""
-        from sloctl.registry.store import load_policy
 
         return cls.from_policy(app, load_policy(uri, tracking_uri=tracking_uri, kind=AdmissionPolicy.kind), settings)
 
@@ -376,7 +377,6 @@ class AsyncMSemaphore:
         msem = policy.msem
         tuner = None
         if tune:
-            from sloctl.control.msemaphore import EpsilonGreedyTuner
 
             values = dict(msem.arm_values)
             tuner = EpsilonGreedyTuner(max(values, default=msem.capacity) or 1, max_bandwidth, alpha=msem.alpha,

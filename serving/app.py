@@ -28,6 +28,9 @@ from fastapi import Depends, FastAPI, Header, Path, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from sloctl.control.credits import CreditController
+from sloctl.serving.admission import AdmissionMiddleware, AdmissionSettings
+from sloctl.serving.envoy import envoy_route_config
 from sloctl.serving.runtime import Runtime, RuntimeError_
 
 __all__ = ["create_app"]
@@ -103,8 +106,6 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         state_db: SQLite file (default ``cfg.serve.state_db``).
         watch: poll the registry aliases every ``cfg.serve.watch_interval_s``.
     """
-    from sloctl.control.credits import CreditController
-    from sloctl.serving.admission import AdmissionMiddleware, AdmissionSettings
 
     holder: dict[str, Any] = {}
     metrics = _Metrics()
@@ -234,7 +235,6 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         slot = rt.slots["retry"]
         if slot.value is None:
             return _error(404, f"no retry policy registered at {slot.uri} (run `sloctl retry optimise`)")
-        from sloctl.serving.envoy import envoy_route_config
 
         try:
             return envoy_route_config(slot.value, service=service)

@@ -23,10 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sloctl.control.autoscaler import Autoscaler, RelativeAutoscalerSettings, SpinupTrigger
 from sloctl.control.managed import ManagedPool
-from sloctl.control.router import Query
+from sloctl.control.router import IconqRouter, Query, RouteDecision
 from sloctl.core.errors import ClusterPoolError
+from sloctl.datasets.duckdb_pool import DuckDBClusterPool
 from sloctl.datasets.pool import QueryRequest
+from sloctl.datasets.slo import isolated_medians, slo_baselines
+from sloctl.datasets.tpc import Template, load_templates
+from sloctl.datasets.workloads import base_workload
+from sloctl.models.online import OnlinePredictor
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -152,7 +158,6 @@ def run_live(
     """
     import pandas as pd
 
-    from sloctl.datasets.duckdb_pool import DuckDBClusterPool
 
     _validate(queries, clusters, sql_by_template, price_per_unit_s, timeout_s)
     pending = sorted(queries, key=lambda q: (q.arrival_s, q.query_id))
@@ -260,8 +265,6 @@ def live_setup(log: pd.DataFrame) -> tuple[dict[str, str], dict[str, float], lis
     """SQL per TPC-H template, SLO references, usable templates, time unit ℓ̄ and feature table."""
     import numpy as np
 
-    from sloctl.datasets.slo import isolated_medians, slo_baselines
-    from sloctl.datasets.tpc import load_templates
 
     sql = {t.name: t.sql for t in load_templates("tpch")}
     slo_ref = slo_baselines(log, 1)
@@ -327,7 +330,6 @@ class HttpRouter:
                 self.known[cid] = size
 
     def route(self, query: Query, clusters: list[Any], now_s: float) -> Any:
-        from sloctl.control.router import RouteDecision
 
         self._sync(clusters)
         response = self.client.post("/v1/route", json={"query_id": query.query_id, "template": query.template,
@@ -363,11 +365,6 @@ def run_live_through_service(url: str, token: str | None, db_path: str | Path, l
 
     import httpx
 
-    from sloctl.control.autoscaler import Autoscaler, RelativeAutoscalerSettings, SpinupTrigger
-    from sloctl.control.router import IconqRouter
-    from sloctl.datasets.tpc import Template
-    from sloctl.datasets.workloads import base_workload
-    from sloctl.models.online import OnlinePredictor
 
     sql, slo_ref, templates, mean_iso, table = live_setup(log)
     workload = base_workload([Template(t, sql[t]) for t in templates], load / mean_iso, copies, seed=seed)

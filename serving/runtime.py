@@ -36,11 +36,13 @@ from typing import Any
 
 import numpy as np
 
+from sloctl.control.credits import ClassShare, CreditController
 from sloctl.control.managed import ManagedPool, RunningQuery
 from sloctl.control.policies import AdmissionPolicy, ExecutionPlan, RetryPolicy
 from sloctl.control.router import ClusterState, Query
 from sloctl.datasets.querylog import read_log, template_table
 from sloctl.registry.routers import build_router, router_templates
+from sloctl.registry.store import connect, load_model, load_policy
 
 __all__ = ["ModelSlot", "Runtime", "RuntimeError_"]
 
@@ -79,7 +81,6 @@ class ModelSlot:
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
-        from sloctl.registry.store import connect, load_model, load_policy
 
         name, alias = _parse_uri(self.uri)
         try:
@@ -241,7 +242,6 @@ class Runtime:
                                                    c.cluster_id, c.size, self.now_s())
 
     def _build_admission(self) -> None:
-        from sloctl.control.credits import ClassShare, CreditController
 
         policy: AdmissionPolicy | None = self.slots["admission"].value
         if policy is not None:

@@ -15,6 +15,15 @@ def tpch_db(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def iso_log(tpch_db, tpch_templates):
+    """Every template once, alone, on size 1: SLO references and Stage's training data."""
+    from sloctl.datasets.collect import collect
+    from sloctl.datasets.workloads import isolated_workload
+
+    return collect(tpch_db, isolated_workload(tpch_templates, 1), [1], log=None).log
+
+
+@pytest.fixture(scope="session")
 def tpch_templates():
     from sloctl.datasets.tpc import load_templates
 

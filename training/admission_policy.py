@@ -19,8 +19,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from sloctl.control.admission import Svalinn
 from sloctl.control.credits import ClassShare
 from sloctl.control.policies import AdmissionPolicy, CreditSettings, MSemaphoreSettings
+from sloctl.registry.store import register_policy
+from sloctl.simulation.server_sim import RequestType, ServerConfig, capacity_per_s, isolated_service_s, simulate
 
 __all__ = ["load_workload", "register_admission_policy", "tune_admission"]
 
@@ -61,7 +64,6 @@ def load_workload(path: str | Path) -> dict[str, Any]:
 
 
 def _build(workload: Mapping[str, Any]):
-    from sloctl.simulation.server_sim import RequestType, ServerConfig, capacity_per_s, isolated_service_s
 
     config = ServerConfig(**workload["server"])
     types = [RequestType(**t) for t in workload["types"]]
@@ -71,8 +73,6 @@ def _build(workload: Mapping[str, Any]):
 
 
 def _run(workload: Mapping[str, Any], params: Mapping[str, Any], *, seed: int, duration_s: float):
-    from sloctl.control.admission import Svalinn
-    from sloctl.simulation.server_sim import simulate
 
     config, types, capacity, expected = _build(workload)
     priorities = workload["priorities"] or None
@@ -155,7 +155,6 @@ def register_admission_policy(policy: AdmissionPolicy, *, tracking_uri: str, exp
     """
     from dataclasses import replace
 
-    from sloctl.registry.store import register_policy
 
     policy = replace(policy, provenance={"data_hash": _workload_hash(policy.workload), **policy.provenance,
                                          **({"source": source} if source else {})})

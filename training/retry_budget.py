@@ -29,7 +29,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sloctl.control.policies import RetryPolicy
-from sloctl.models.retry_network import NetworkSpec
+from sloctl.models.retry import solve_network
+from sloctl.models.retry_network import NetworkSpec, network_from_mapping
+from sloctl.registry.store import load_policy, register_policy
+from sloctl.simulation.retry_sim import simulate_network
 
 # RetryPolicy (the document) lives in sloctl.control.policies; it is re-exported here, where it is chosen.
 __all__ = ["BudgetSearch", "RetryPolicy", "load_retry_policy", "optimise_budgets", "register_retry_policy"]
@@ -68,7 +71,6 @@ class BudgetSearch:
 
 def _evaluate(spec: NetworkSpec, search: BudgetSearch) -> tuple[float, float, float, dict[str, dict[str, float]]]:
     """(goodput, amplification, worst target shortfall, per-class table) of ``spec`` under the analysis."""
-    from sloctl.models.retry import solve_network
 
     out = solve_network(spec, model=search.model).to_json()
     table = {c: {"end_to_end_rejection": float(v["end_to_end_rejection"]), "success_per_s": float(v["success_per_s"])}
@@ -153,8 +155,6 @@ def confirm_by_simulation(policy: RetryPolicy, *, seed: int = 0, duration_s: flo
     """``policy`` with its budgets also run in the discrete-event simulator (per-class rejection with CIs)."""
     from dataclasses import replace
 
-    from sloctl.models.retry_network import network_from_mapping
-    from sloctl.simulation.retry_sim import simulate_network
 
     spec = network_from_mapping(policy.network, source="<policy>")
     sim = simulate_network(spec, seed=seed, duration_s=duration_s).to_json()
@@ -183,7 +183,6 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
     """
     from dataclasses import replace
 
-    from sloctl.registry.store import register_policy
 
     provenance = {"data_hash": policy_hash({"network": policy.network, "retries": policy.retries}),
                   **policy.provenance, **({"source": source} if source else {})}
@@ -204,6 +203,5 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
 
 def load_retry_policy(uri: str = f"models:/{RetryPolicy.kind}@champion", *, tracking_uri: str) -> RetryPolicy:
     """The :class:`RetryPolicy` registered under ``uri``."""
-    from sloctl.registry.store import load_policy
 
     return load_policy(uri, tracking_uri=tracking_uri, kind=RetryPolicy.kind)

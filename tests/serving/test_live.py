@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -12,11 +10,8 @@ import numpy as np
 import pytest
 
 from sloctl.control.router import Query, RoundRobinRouter, StageCostRouter
-from sloctl.datasets.collect import collect
 from sloctl.datasets.pool import ClusterInfo, QueryCompletion
-from sloctl.datasets.workloads import isolated_workload
-from sloctl.experiments.live_warehouse import live_router_experiment
-from sloctl.experiments.warehouse import slo_baselines
+from sloctl.datasets.slo import slo_baselines
 from sloctl.models.online import OnlinePredictor
 from sloctl.models.predictor import LatencyPredictor
 from sloctl.models.stage import StageConfig
@@ -25,12 +20,6 @@ from sloctl.training.pipeline import fit_stage
 
 N_QUERIES = 20
 CLUSTERS = [("a", 1), ("b", 1)] if len(os.sched_getaffinity(0)) >= 2 else [("a", 1)]
-
-
-@pytest.fixture(scope="module")
-def iso_log(tpch_db, tpch_templates):
-    """Every template once, alone, on size 1: SLO references and Stage's training data."""
-    return collect(tpch_db, isolated_workload(tpch_templates, 1), [1], log=None).log
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +151,9 @@ class _CostReadingRouter(RoundRobinRouter):
 
 @pytest.mark.parametrize("clusters", [[("a", 1)], [("a", 1), ("b", 1)]], ids=["same-cluster", "other-cluster"])
 def test_completion_observed_late_is_clamped_for_billing(monkeypatch, sql, clusters):
-    from sloctl.datasets import duckdb_pool
+    from sloctl.serving import live
 
-    monkeypatch.setattr(duckdb_pool, "DuckDBClusterPool", _LatePool)
+    monkeypatch.setattr(live, "DuckDBClusterPool", _LatePool)
     queries = [Query(0, "tpch-q06", 0.0, 1.0), Query(1, "tpch-q06", 0.05, 1.0)]
     result = run_live("unused.duckdb", queries, clusters, _CostReadingRouter(), minimum_s=0.0,
                       sql_by_template=sql)
@@ -180,25 +169,6 @@ def test_bad_input_is_refused_before_any_cluster_starts(tpch_db, queries, sql):
     with pytest.raises(ValueError, match="distinct cluster ids"):
         run_live(tpch_db, queries, [("a", 1), ("a", 1)], RoundRobinRouter(), sql_by_template=sql)
     assert worker_children() == []
-
-
-def test_live_experiment_needs_isolated_runs(tpch_db, iso_log):
-    busy = iso_log.assign(start_s=0.0, end_s=1.0)  # every query overlaps every other
-    with pytest.raises(ValueError, match="isolated run on size 1"):
-        live_router_experiment(tpch_db, busy, predictor=None)
-
-
-def test_live_experiment_needs_at_least_one_round(tpch_db, iso_log):
-    with pytest.raises(ValueError, match="'rounds'"):
-        live_router_experiment(tpch_db, iso_log, predictor=None, rounds=0)
-
-
-def test_cli_live_names_a_missing_database(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sloctl.cli", "experiment", "router", "--live", "--log", "x.parquet",
-                          "--db", str(tmp_path / "missing.duckdb")], capture_output=True, text=True, cwd=tmp_path,
-                         timeout=120)
-    assert out.returncode == 2 and "--db" in out.stderr
-
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores: one to start on, one to add")
@@ -232,21 +202,3 @@ def test_live_autoscaler_spins_up_a_real_cluster_and_routes_to_it(tpch_db, tpch_
     assert (result.queries["cluster_id"] == new).any()  # routed to once ready
     assert set(result.cost_by_cluster) == {"c0", new}
     assert len(result.queries) == 30
-
-
-def test_paired_rounds_counts_rounds_and_bootstraps_the_pooled_change():
-    from sloctl.experiments.live_warehouse import paired_rounds
-
-    def rnd(a, b, n=40):
-        return {"n_queries": n, "results": {"router": {"vr": a}, "rr": {"vr": b}}}
-
-    better = [rnd(0.2, 0.3), rnd(0.1, 0.2), rnd(0.25, 0.25), rnd(0.3, 0.4), rnd(0.15, 0.3)]
-    out = paired_rounds(better, "router", "rr", seed=1)
-    assert (out["lower"], out["equal"], out["higher"], out["rounds"]) == (4, 1, 0, 5)
-    assert out["ci90"][1] < 0 and out["p_lower"] > 0.95
-    assert out == paired_rounds(better, "router", "rr", seed=1)  # seeded
-    mixed = [rnd(0.2, 0.3), rnd(0.4, 0.2), rnd(0.3, 0.3)]
-    out = paired_rounds(mixed, "router", "rr", seed=1)
-    assert (out["lower"], out["equal"], out["higher"]) == (1, 1, 1)
-    assert out["ci90"][0] < 0 < out["ci90"][1]
-    assert paired_rounds([rnd(0.0, 0.0)], "router", "rr")["ci90"] is None  # no baseline violation to compare

@@ -171,6 +171,7 @@ def test_a_version_that_fails_to_load_keeps_the_last_good_model(registry, sim_lo
     from mlflow import MlflowClient
 
     import sloctl.registry.store as reg
+    import sloctl.serving.runtime as runtime_module
     from sloctl.serving.runtime import ModelSlot
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -186,9 +187,9 @@ def test_a_version_that_fails_to_load_keeps_the_last_good_model(registry, sim_lo
             raise OSError("artifact store unreachable")
         return real(model_uri, **kwargs)
 
-    monkeypatch.setattr(reg, "load_model", broken)
+    monkeypatch.setattr(runtime_module, "load_model", broken)  # where the runtime looks it up
     assert not slot.refresh()
     assert slot.version == "1" and slot.value is not None
     assert "version 2 failed to load" in slot.error and "serving version 1" in slot.error
-    monkeypatch.setattr(reg, "load_model", real)
+    monkeypatch.setattr(runtime_module, "load_model", real)
     assert slot.refresh() and slot.version == "2" and slot.error is None
