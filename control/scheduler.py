@@ -37,8 +37,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from sloctl.control.autoscaler import AutoscalerConfig, ScalingAction
+from sloctl.control.autoscaler import AutoscalerConfig
 from sloctl.control.billing import best_with_target
+from sloctl.control.managed import ScalingAction
 
 __all__ = [
     "CongestionEpoch",

@@ -57,7 +57,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import AutoscalerConfig, ClusterView, ScalingAction, should_tear_down
+from sloctl.control.autoscaler import AutoscalerConfig, should_tear_down
+from sloctl.control.managed import ClusterView, ScalingAction
 from sloctl.control.router import ClusterState, Query, RouteDecision
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, schedule_spinups
 from sloctl.datasets.forecast import Forecaster
@@ -527,19 +528,27 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
     }
 
 
-def run_table5(hourly_path: str | Path, log_path: str | Path | None = None, *, instances: Sequence[int] | None = None,
-               seed: int = 0, quick: bool = False, tune_knobs: bool = True) -> dict[str, Any]:
+def run_table5(hourly_path: str | Path, log_path: str | Path | pd.DataFrame | None = None, *,
+               instances: Sequence[int] | None = None, seed: int = 0, quick: bool = False,
+               tune_knobs: bool = True) -> dict[str, Any]:
     """Table 5 from files: the Redset hourly Parquet and a query log (default: the bench log).
 
+    ``log_path`` may also be a log already read (several runs merged by
+    ``sloctl experiment history --log A --log B``).
     A full run picks 3 instances (2 target days × 2 κ × 4 histories each;
     about 1.5 minutes on 2 cores with the bench log);
     ``quick`` picks 1 and shrinks the tuning (:meth:`HistoryExperimentConfig.quick`);
     ``tune_knobs=False`` runs the Spin-up Scheduler alone (the ablation).
     """
+    import pandas as pd
 
-    path = Path(log_path) if log_path is not None else DEFAULT_LOG
-    if not path.is_file():
-        raise FileNotFoundError(f"The 'log_path' parameter must name a query log, got {path} (missing); "
-                                f"collect one with `sloctl collect` or pass log_path.")
-    return history_experiment(hourly_path, read_log(path), instances=instances, n_instances=1 if quick else 3,
+    if isinstance(log_path, pd.DataFrame):
+        log = log_path
+    else:
+        path = Path(log_path) if log_path is not None else DEFAULT_LOG
+        if not path.is_file():
+            raise FileNotFoundError(f"The 'log_path' parameter must name a query log, got {path} (missing); "
+                                    f"collect one with `sloctl collect` or pass log_path.")
+        log = read_log(path)
+    return history_experiment(hourly_path, log, instances=instances, n_instances=1 if quick else 3,
                               config=HistoryExperimentConfig(tune_knobs=tune_knobs), seed=seed, quick=quick)

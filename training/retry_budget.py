@@ -34,8 +34,7 @@ from sloctl.models.retry_network import NetworkSpec, network_from_mapping
 from sloctl.registry.store import load_policy, register_policy
 from sloctl.simulation.retry_sim import simulate_network
 
-# RetryPolicy (the document) lives in sloctl.control.policies; it is re-exported here, where it is chosen.
-__all__ = ["BudgetSearch", "RetryPolicy", "load_retry_policy", "optimise_budgets", "register_retry_policy"]
+__all__ = ["BudgetSearch", "load_retry_policy", "optimise_budgets", "register_retry_policy"]
 
 Objective = Literal["goodput", "targets"]
 

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sloctl.control.autoscaler import AutoscalerConfig, ClusterView
+from sloctl.control.autoscaler import AutoscalerConfig
+from sloctl.control.managed import ClusterView
 from sloctl.control.router import Query
 from sloctl.experiments.history import (
     HistoryExperimentConfig,

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from sloctl.control.policies import RetryPolicy
 from sloctl.models.retry_network import load_network
 from sloctl.serving.envoy import (
     ROUTE_CONFIG_TYPE,
@@ -24,7 +25,6 @@ from sloctl.serving.envoy import (
     validate_envoy_config,
     write_rds_file,
 )
-from sloctl.training.retry_budget import RetryPolicy
 
 HOTEL = Path(__file__).resolve().parents[2] / "configs" / "networks" / "hotel.yaml"
 NETWORK = load_network(HOTEL).to_mapping()

@@ -341,7 +341,8 @@ def _cfg(uri: str, state_db: str):
 
 
 def _register(uri: str, low: int) -> str:
-    from sloctl.training.retry_budget import RetryPolicy, register_retry_policy
+    from sloctl.control.policies import RetryPolicy
+    from sloctl.training.retry_budget import register_retry_policy
 
     doc = _policy(low=low)
     policy = RetryPolicy(retries=doc["retries"], feasible=True, score=1.0, amplification=1.0,

@@ -111,7 +111,7 @@ def test_arrival_neighbours_see_only_earlier_queries(trained, sim_log):
 
 
 def test_router_margin_is_calibrated_from_the_log_and_grows_with_risk(trained, sim_log):
-    from sloctl.training.calibration import calibrate_slo_margin
+    from sloctl.models.calibration import calibrate_slo_margin
 
     predictor = trained["iconq"].predictor
     low = calibrate_slo_margin(predictor, sim_log, 0.5)
