@@ -48,14 +48,35 @@ class WarehouseConfig:
             accepts queries (the spin-up delay is process start + this).
         query_timeout_s: per-query timeout; a query still running then is
             interrupted and logged as ``status=timeout`` (a censored row).
-        allow_oversubscribe: run a pool that needs more cores than the machine
-            has, with overlapping core sets; every row is then marked.
+        allow_oversubscribe: run a pool whose CPU budgets exceed the cores it
+            may use (budgets then overlap); every row is then marked.
+        size_unit_cores: the CPU budget of one size unit, in cores: a cluster
+            of size N may use N × this much CPU time (cgroup CFS bandwidth,
+            see ``sloctl.datasets.cpu_budget``). ``null`` pins N whole cores
+            per cluster instead (no budgets).
+        reserved_cores: cores kept for the controller (the router, the
+            autoscaler, the load generator); clusters never run on them.
+        cpu_period_s: CFS period of the budgets; short, so that throttling
+            adds millisecond stalls, not 100 ms ones.
+        budget_mode: ``auto`` (cgroups where writable, else pinning the
+            budget rounded up to whole cores, said once and recorded in the
+            log's metadata), ``cgroup`` (refuse to run without them) or
+            ``pinning``.
     """
 
     data_dir: str = "data"
     warmup_s: float = 0.0
     query_timeout_s: float = 60.0
     allow_oversubscribe: bool = False
+    size_unit_cores: float | None = 0.25
+    reserved_cores: int = 1
+    cpu_period_s: float = 0.01
+    budget_mode: Literal["auto", "cgroup", "pinning"] = "auto"
+
+    def pool_options(self) -> dict[str, Any]:
+        """The CPU-budget keyword arguments of ``DuckDBClusterPool`` this section asks for."""
+        return {"size_unit_cores": self.size_unit_cores, "reserved_cores": self.reserved_cores,
+                "period_s": self.cpu_period_s, "budget_mode": self.budget_mode}
 
 
 @dataclass(frozen=True)

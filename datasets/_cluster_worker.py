@@ -1,7 +1,8 @@
 """The process behind one DuckDB cluster (``python -m sloctl.datasets._cluster_worker``).
 
-It pins itself to its cores, opens the database read-only with
-``threads = size``, waits out the warm-up delay, then reads JSON-line commands
+It enrols itself in its CPU-budget cgroup (``--cgroup-procs``, before any
+work starts, so every thread it makes is budgeted), pins itself to its cores,
+opens the database read-only with ``threads = size``, waits out the warm-up delay, then reads JSON-line commands
 on stdin and answers JSON lines on stdout:
 
 * in:  ``{"op": "run", "query_id": 1, "sql": "...", "timeout_s": 5.0}``,
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--cores", required=True, help="comma-separated core ids")
     parser.add_argument("--warmup-s", type=float, default=0.0)
+    parser.add_argument("--cgroup-procs", default=None, help="a cgroup's cgroup.procs file to join first")
     args = parser.parse_args(argv)
     out_lock = threading.Lock()
 
@@ -42,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
 
     try:
+        if args.cgroup_procs:
+            with open(args.cgroup_procs, "w") as procs:
+                procs.write(str(os.getpid()))
         os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])
         import duckdb
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,6 +42,12 @@ class CollectResult:
     log: pd.DataFrame
     dispatch_lag_s: list[float]
     spin_up_s: dict[str, float]
+    budget_mode: str = "pinning"
+    budget_note: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        """How CPU was capped, for the log file's metadata."""
+        return {"cpu_budget_mode": self.budget_mode, "cpu_budget_note": self.budget_note}
 
 
 def run_on_cluster(
@@ -124,6 +130,7 @@ def run_on_cluster(
                 "status": done.status,
                 "slo_s": math.nan,
                 "oversubscribed": done.oversubscribed,
+                "cpu_budget": done.cpu_budget,
                 **feature_cache[key],
                 "error": done.error,
                 "workload": workload.name,
@@ -143,18 +150,24 @@ def collect(
     allow_oversubscribe: bool = False,
     on_progress: Callable[[str, int, int], None] | None = None,
     log: Callable[[str], None] | None = print,
+    pool_options: Mapping[str, Any] | None = None,
 ) -> CollectResult:
     """Run ``workload`` on a fresh cluster of each size in ``sizes``, in turn.
 
     Args:
         db_path: the DuckDB database the clusters open read-only.
         workload: what to replay on every cluster.
-        sizes: cluster sizes (cores), each run on its own new cluster.
+        sizes: cluster sizes (units of CPU budget, or cores without budgets),
+            each run on its own new cluster.
         timeout_s: per-query timeout (``None``: none).
         warmup_s: warm-up delay added to every spin-up.
         allow_oversubscribe: allow sizes larger than the machine.
         on_progress: ``(cluster_id, done, total)`` after every query.
         log: where to report spin-up and teardown (``None``: silent).
+        pool_options: CPU-budget options of the pool (``size_unit_cores``,
+            ``reserved_cores``, ``period_s``, ``budget_mode``: see
+            :class:`~sloctl.datasets.duckdb_pool.DuckDBClusterPool`); ``None``
+            pins whole cores.
 
     Returns:
         The validated log (rows in completion order), dispatch lags and
@@ -177,14 +190,16 @@ def collect(
     spin_up_s: dict[str, float] = {}
     clock_zero_s = time.monotonic()
     try:
-        with DuckDBClusterPool(db_path, warmup_s=warmup_s,
-                               allow_oversubscribe=allow_oversubscribe) as pool:
+        with DuckDBClusterPool(db_path, warmup_s=warmup_s, allow_oversubscribe=allow_oversubscribe,
+                               log=log or (lambda message: None), **dict(pool_options or {})) as pool:
+            budget_mode, budget_note = pool.budget_mode, pool.budget_note
             for run, size in enumerate(sizes):
                 cluster_id = pool.spin_up(size, cluster_id=f"size{size}-run{run}")
                 info = pool.wait_ready(cluster_id, timeout_s=120 + warmup_s)
                 spin_up_s[cluster_id] = info.ready_s - info.requested_s
                 if log:
-                    log(f"Cluster {cluster_id} ready on cores {list(info.cores)} after "
+                    log(f"Cluster {cluster_id} ready on cores {list(info.cores)}, CPU budget "
+                        f"{info.cpu_budget:g} cores ({budget_mode}), after "
                         f"{spin_up_s[cluster_id]:.2f} s; running {len(workload)} queries.")
 
                 def progress(done: int, cluster_id: str = cluster_id) -> None:
@@ -201,7 +216,8 @@ def collect(
     finally:
         explain_con.close()
     df = validate_log(pd.DataFrame(rows), source="collected log")
-    return CollectResult(log=df, dispatch_lag_s=lags, spin_up_s=spin_up_s)
+    return CollectResult(log=df, dispatch_lag_s=lags, spin_up_s=spin_up_s, budget_mode=budget_mode,
+                         budget_note=budget_note)
 
 
 def concat_logs(logs: list[pd.DataFrame], labels: list[str] | None = None) -> pd.DataFrame:

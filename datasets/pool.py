@@ -1,6 +1,8 @@
 """The cluster-pool interface that routing and scaling policies drive.
 
-A pool owns clusters of whole-core sizes. Policies ask it to spin clusters up
+A pool owns clusters of integer sizes: units of CPU budget (a cgroup's CPU
+bandwidth, see :mod:`sloctl.datasets.cpu_budget`) or, where no budget can be
+enforced, whole cores. Policies ask it to spin clusters up
 and down and to run queries on them; completions come back with exact start
 and end times on the monotonic clock (``time.monotonic()``, shared by every
 process on the machine). The live DuckDB pool
@@ -37,7 +39,8 @@ class QueryCompletion:
     """How a query ended. Times are ``time.monotonic()`` seconds.
 
     A ``timeout`` completion is censored: ``end_s - start_s`` is the time to
-    failure, a lower bound on the query's latency.
+    failure, a lower bound on the query's latency. ``cpu_budget`` is the CPU
+    the cluster was allowed, in cores (NaN when the pool does not say).
     """
 
     query_id: int
@@ -48,11 +51,12 @@ class QueryCompletion:
     error: str = ""
     rows: int = 0
     oversubscribed: bool = False
+    cpu_budget: float = float("nan")
 
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    """A cluster's state as the pool sees it."""
+    """A cluster's state as the pool sees it (``cpu_budget``: the CPU it may use, in cores)."""
 
     cluster_id: str
     size: int
@@ -62,6 +66,7 @@ class ClusterInfo:
     ready_s: float | None
     running: int
     oversubscribed: bool
+    cpu_budget: float = float("nan")
 
 
 class ClusterPool(Protocol):

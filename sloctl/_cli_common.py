@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-__all__ = ["ConfigOption", "cli_router", "load_cli_config", "parse_sizes", "echo"]
+from sloctl.core.errors import QueryLogError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["SEVERAL_LOGS_HELP", "ConfigOption", "cli_router", "describe_logs", "echo", "load_cli_config", "log_files",
+           "parse_sizes", "read_logs", "read_logs_with_metadata"]
+
+#: The help text every ``--log`` option ends with.
+SEVERAL_LOGS_HELP = ("Repeat --log for several logs, or name a folder (its *.parquet, sorted); "
+                     "several are merged as `sloctl log merge` does.")
 
 ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (default: configs/default.yaml).")
 
@@ -46,3 +58,62 @@ def cli_router(cfg, predictor, log):
     from sloctl.registry.routers import build_router
 
     return build_router(predictor, cfg.router, templates=template_table(log), log=log, say=echo)
+
+
+def log_files(paths: Sequence[Path], option: str = "--log") -> list[Path]:
+    """The query-log files ``paths`` name: each a file, or a folder standing for its ``*.parquet`` (sorted).
+
+    Raises:
+        QueryLogError: one line naming ``option`` and the path, for no path,
+            a path that does not exist or a folder without logs.
+    """
+    if not paths:
+        raise QueryLogError(f"{option}: name at least one query log (or a folder of them).")
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            found = sorted(p for p in path.glob("*.parquet") if p.is_file() and not p.name.startswith("."))
+            if not found:
+                raise QueryLogError(f"{option} {path}: the folder holds no *.parquet query log.")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise QueryLogError(f"{option} {path}: query log not found (neither a file nor a folder).")
+    return files
+
+
+def read_logs_with_metadata(paths: Sequence[Path], option: str = "--log") -> tuple[pd.DataFrame, dict[str, str]]:
+    """Read the logs ``paths`` name (:func:`log_files`) as one log, with its metadata.
+
+    One file is read as it is (:func:`~sloctl.datasets.querylog.read_log`);
+    several are merged in memory, runs laid end to end, exactly as ``sloctl
+    log merge`` would write them (:func:`~sloctl.datasets.merge.merge_logs`),
+    so training on ``--log A --log B`` equals training on their merged file.
+
+    Raises:
+        QueryLogError: one line naming ``option`` (missing, unreadable or
+            invalid logs, or logs of different plan-feature versions).
+    """
+    from sloctl.datasets.merge import merge_logs
+    from sloctl.datasets.querylog import read_log, read_metadata
+
+    files = log_files(paths, option)
+    try:
+        if len(files) == 1:
+            return read_log(files[0]), read_metadata(files[0])
+        frame, metadata = merge_logs(files)
+    except QueryLogError as exc:
+        raise QueryLogError(f"{option} {' '.join(str(exc).split())}") from exc
+    echo(f"{option}: merged {len(files)} logs ({len(frame)} rows), their runs laid end to end.")
+    return frame, metadata
+
+
+def read_logs(paths: Sequence[Path], option: str = "--log") -> pd.DataFrame:
+    """The one log that ``paths`` name (see :func:`read_logs_with_metadata`)."""
+    return read_logs_with_metadata(paths, option)[0]
+
+
+def describe_logs(paths: Sequence[Path]) -> str:
+    """How messages and MLflow tags name the logs: the one path, or the paths joined by commas."""
+    return ",".join(str(path) for path in paths)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from sloctl._cli_common import ConfigOption, cli_router, echo, load_cli_config
+from sloctl._cli_common import SEVERAL_LOGS_HELP, ConfigOption, cli_router, echo, load_cli_config, read_logs
 
 if TYPE_CHECKING:
     from sloctl.config import SloctlConfig
@@ -21,7 +21,8 @@ experiment_app = typer.Typer(help="AutoSLO experiments in simulation (emulated w
 
 @experiment_app.command("router")
 def experiment_router_cmd(
-    log: Path = typer.Option(..., "--log", "-l", help="Real query log: calibrates the emulated world, gives SLOs."),
+    log: list[Path] = typer.Option(..., "--log", "-l", help="Real query log: calibrates the emulated world, gives "
+                                   f"SLOs. {SEVERAL_LOGS_HELP}"),
     model: str = typer.Option("models:/iconq@champion", help="Iconq+ model the routers use (its Stage too)."),
     copies: int = typer.Option(10, help="Copies of every template in BaseWorkload."),
     seed: int = typer.Option(0, help="Seed of workloads and service-time noise."),
@@ -43,7 +44,6 @@ def experiment_router_cmd(
     With --live, round-robin vs Iconq+ on real DuckDB clusters: the same
     routers, the same seeded arrivals, one fresh pool per router.
     """
-    from sloctl.datasets.querylog import read_log
     from sloctl.experiments.warehouse import RouterExperimentConfig, router_experiment
     from sloctl.registry.store import load_model
 
@@ -54,7 +54,7 @@ def experiment_router_cmd(
         _experiment_router_live(log, model, db, live_copies, seed, rounds, live_load, live_kappa, shadow, as_json,
                                 cfg)
         return
-    frame = read_log(log)
+    frame = read_logs(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
 
     def progress(s: dict) -> None:
@@ -93,10 +93,9 @@ def _live_db(db: Path | None, cfg: SloctlConfig) -> Path:
     return Path(db)
 
 
-def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int, seed: int, rounds: int,
+def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies: int, seed: int, rounds: int,
                             load: float, kappa: float, shadow: bool, as_json: bool, cfg: SloctlConfig) -> None:
     """``experiment router --live``: round-robin vs Iconq+ on live DuckDB clusters."""
-    from sloctl.datasets.querylog import read_log
     from sloctl.experiments.live_warehouse import live_router_experiment
     from sloctl.registry.store import load_model
 
@@ -108,7 +107,7 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
         if not value > 0:
             raise typer.BadParameter(f"must be > 0; got {value}", param_hint=name)
     db = _live_db(db, cfg)
-    frame = read_log(log)
+    frame = read_logs(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
 
     def progress(approach: str, done: int, total: int) -> None:
@@ -147,15 +146,15 @@ def _experiment_router_live(log: Path, model: str, db: Path | None, copies: int,
                f"{ci}lower in {paired['p_lower']:.0%} of draws")
 
 
-def _scaling(kind: str, log: Path, model: str, copies: int, seed: int, as_json: bool, config: Path | None) -> None:
-    from sloctl.datasets.querylog import read_log
+def _scaling(kind: str, log: list[Path], model: str, copies: int, seed: int, as_json: bool,
+             config: Path | None) -> None:
     from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_experiment
     from sloctl.registry.store import load_model
 
     if copies < 1:
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
     cfg = load_cli_config(config)
-    frame = read_log(log)
+    frame = read_logs(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
 
     def progress(s: dict) -> None:
@@ -177,7 +176,8 @@ def _scaling(kind: str, log: Path, model: str, copies: int, seed: int, as_json: 
 
 @experiment_app.command("sizer")
 def experiment_sizer_cmd(
-    log: Path = typer.Option(..., "--log", "-l", help="Real query log: calibrates the emulated world, gives SLOs."),
+    log: list[Path] = typer.Option(..., "--log", "-l", help="Real query log: calibrates the emulated world, gives "
+                                   f"SLOs. {SEVERAL_LOGS_HELP}"),
     model: str = typer.Option("models:/iconq@champion", help="Iconq+ model the router and autoscaler use."),
     copies: int = typer.Option(10, help="Copies of every template in BaseWorkload."),
     seed: int = typer.Option(0, help="Seed of workloads and service-time noise."),
@@ -190,7 +190,8 @@ def experiment_sizer_cmd(
 
 @experiment_app.command("trigger")
 def experiment_trigger_cmd(
-    log: Path = typer.Option(..., "--log", "-l", help="Real query log: calibrates the emulated world, gives SLOs."),
+    log: list[Path] = typer.Option(..., "--log", "-l", help="Real query log: calibrates the emulated world, gives "
+                                   f"SLOs. {SEVERAL_LOGS_HELP}"),
     model: str = typer.Option("models:/iconq@champion", help="Iconq+ model the router and autoscaler use."),
     copies: int = typer.Option(10, help="Copies of every template in BaseWorkload."),
     seed: int = typer.Option(0, help="Seed of workloads and service-time noise."),
@@ -205,14 +206,13 @@ def experiment_trigger_cmd(
     if not live:
         _scaling("trigger", log, model, copies, seed, as_json, config)
         return
-    from sloctl.datasets.querylog import read_log
     from sloctl.experiments.live_warehouse import live_autoscale_experiment
     from sloctl.registry.store import load_model
 
     if warmup_s < 0:
         raise typer.BadParameter(f"must be >= 0; got {warmup_s}", param_hint="--warmup-s")
     cfg = load_cli_config(config)
-    frame = read_log(log)
+    frame = read_logs(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
     router = cli_router(cfg, predictor, frame)
     result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, seed=seed, slo_margin=router.slo_margin,
@@ -287,8 +287,8 @@ def experiment_admission_cmd(
 @experiment_app.command("history")
 def experiment_history_cmd(
     hourly: Path = typer.Option(..., "--hourly", help="Redset-style hourly counts (Parquet)."),
-    log: Path | None = typer.Option(None, "--log", "-l", help="Query log calibrating the emulated world "
-                                    "(default: reports/bench_latency_log.parquet)."),
+    log: list[Path] = typer.Option([], "--log", "-l", help="Query log calibrating the emulated world (default: "
+                                   f"reports/bench_latency_log.parquet). {SEVERAL_LOGS_HELP}"),
     instances: str = typer.Option("", help="Comma-separated instance ids (default: the densest with history)."),
     seed: int = typer.Option(0),
     quick: bool = typer.Option(False, help="One instance, smaller tuning (seconds)."),
@@ -304,7 +304,8 @@ def experiment_history_cmd(
     except ValueError:
         raise typer.BadParameter(f"expected comma-separated instance ids, got {instances!r}",
                                  param_hint="--instances") from None
-    result = run_table5(hourly, log, instances=ids, seed=seed, quick=quick, tune_knobs=not spinups_only)
+    result = run_table5(hourly, read_logs(log) if log else None, instances=ids, seed=seed, quick=quick,
+                        tune_knobs=not spinups_only)
     if as_json:
         typer.echo(json.dumps(result, default=float))
         return

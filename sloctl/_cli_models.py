@@ -6,8 +6,15 @@ from pathlib import Path
 
 import typer
 
-from sloctl._cli_common import ConfigOption, echo, load_cli_config
-from sloctl.datasets.querylog import read_log
+from sloctl._cli_common import (
+    SEVERAL_LOGS_HELP,
+    ConfigOption,
+    describe_logs,
+    echo,
+    load_cli_config,
+    read_logs,
+    read_logs_with_metadata,
+)
 
 __all__ = ["evaluate_app", "predict_cmd", "train_app", "tune_app"]
 
@@ -36,7 +43,7 @@ def _print_metrics(title: str, metrics: dict[str, float]) -> None:
     Console(stderr=True).print(table)
 
 
-def _finish_training(result, log, name: str, log_path: Path, cfg, register: bool, out: Path | None) -> None:
+def _finish_training(result, log, name: str, log_path: str, cfg, register: bool, out: Path | None) -> None:
     import json
 
     calibration = result.predictor.calibration
@@ -55,7 +62,7 @@ def _finish_training(result, log, name: str, log_path: Path, cfg, register: bool
         from sloctl.registry.store import register as register_model
 
         reg = register_model(result, log, name=name, tracking_uri=cfg.registry.tracking_uri,
-                             experiment=cfg.registry.experiment, log_path=str(log_path))
+                             experiment=cfg.registry.experiment, log_path=log_path)
         echo(f"Registered {name} v{reg.version} (run {reg.run_id}); champion: {reg.champion} — {reg.reason}.")
         summary.update({"version": reg.version, "run_id": reg.run_id, "champion": reg.champion})
     typer.echo(json.dumps(summary))
@@ -63,7 +70,7 @@ def _finish_training(result, log, name: str, log_path: Path, cfg, register: bool
 
 @train_app.command("stage")
 def train_stage_cmd(
-    log: Path = typer.Option(..., "--log", "-l", help="Query log (Parquet)."),
+    log: list[Path] = typer.Option(..., "--log", "-l", help=f"Query log (Parquet). {SEVERAL_LOGS_HELP}"),
     config: Path | None = ConfigOption,
     register: bool = typer.Option(True, help="Log the run and register the model in MLflow."),
     out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
@@ -72,17 +79,17 @@ def train_stage_cmd(
     from sloctl.training.pipeline import train_stage
 
     cfg = load_cli_config(config)
-    frame = read_log(log)
+    frame = read_logs(log)
     result = train_stage(frame, cfg.stage, val_fraction=cfg.iconq.val_fraction,
                          test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed,
                          risk_quantile=cfg.router.risk_quantile)
-    _print_metrics(f"Stage Q-error on {log}", result.metrics)
-    _finish_training(result, frame, "stage", log, cfg, register, out)
+    _print_metrics(f"Stage Q-error on {describe_logs(log)}", result.metrics)
+    _finish_training(result, frame, "stage", describe_logs(log), cfg, register, out)
 
 
 @train_app.command("iconq")
 def train_iconq_cmd(
-    log: Path = typer.Option(..., "--log", "-l", help="Query log (Parquet)."),
+    log: list[Path] = typer.Option(..., "--log", "-l", help=f"Query log (Parquet). {SEVERAL_LOGS_HELP}"),
     variant: str | None = typer.Option(None, help="iconq, size, censored or iconq_plus (config: iconq.variant)."),
     max_epochs: int | None = typer.Option(None, help="Epoch limit (early stopping may end sooner)."),
     seed: int | None = typer.Option(None, help="Seed of the split, sampling and initialisation."),
@@ -103,17 +110,18 @@ def train_iconq_cmd(
         raise typer.BadParameter(f"expected iconq, size, censored or iconq_plus; got {variant!r}",
                                  param_hint="--variant")
     iconq_cfg = dataclasses.replace(cfg.iconq, **overrides)
-    frame = read_log(log)
+    frame = read_logs(log)
     result = train_iconq(frame, cfg.stage, iconq_cfg, progress=progress,
                          on_epoch=None if progress else lambda e, v: echo(f"epoch {e:3d}  val_loss {v:.4f}"),
                          risk_quantile=cfg.router.risk_quantile)
-    _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {log}", result.metrics)
-    _finish_training(result, frame, "iconq", log, cfg, register, out)
+    _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {describe_logs(log)}", result.metrics)
+    _finish_training(result, frame, "iconq", describe_logs(log), cfg, register, out)
 
 
 @evaluate_app.command("predictor")
 def evaluate_predictor_cmd(
-    log: Path = typer.Option(..., "--log", "-l", help="Query log to score on (its ok rows)."),
+    log: list[Path] = typer.Option(..., "--log", "-l",
+                                   help=f"Query log to score on (its ok rows). {SEVERAL_LOGS_HELP}"),
     model: str = typer.Option("models:/iconq@champion", help="models:/NAME@ALIAS, models:/NAME/VERSION or a bundle."),
     as_json: bool = typer.Option(False, "--json", help="Print {n, q_error: {p50, p90, p95}} as JSON."),
     config: Path | None = ConfigOption,
@@ -121,15 +129,14 @@ def evaluate_predictor_cmd(
     """Q-error of a Stage or Iconq model on a log, each query with its logged neighbours."""
     import json
 
-    from sloctl.datasets.querylog import read_metadata
     from sloctl.registry.bundles import check_log_schema
     from sloctl.registry.store import load_model
     from sloctl.training.pipeline import evaluate_predictor
 
     cfg = load_cli_config(config)
-    frame = read_log(log)
+    frame, metadata = read_logs_with_metadata(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
-    check_log_schema(predictor, read_metadata(log), str(log))
+    check_log_schema(predictor, metadata, describe_logs(log))
     result = evaluate_predictor(predictor, frame)
     if as_json:
         typer.echo(json.dumps({"n": result["n"], "q_error": result["q_error"],
@@ -137,7 +144,7 @@ def evaluate_predictor_cmd(
                                "q_error_concurrent": result["q_error_concurrent"]}))
     else:
         q = result["q_error"]
-        typer.echo(f"{model} on {log}: n={result['n']}  Q-error p50 {q['p50']:.3f}  p90 {q['p90']:.3f}  "
+        typer.echo(f"{model} on {describe_logs(log)}: n={result['n']}  Q-error p50 {q['p50']:.3f}  p90 {q['p90']:.3f}  "
                    f"p95 {q['p95']:.3f}  (with neighbours: n={result['n_concurrent']}, "
                    f"p90 {result['q_error_concurrent']['p90']:.3f})")
 
@@ -189,7 +196,7 @@ def predict_cmd(
 
 @tune_app.command("stage")
 def tune_stage_cmd(
-    log: Path = typer.Option(..., "--log", "-l", help="Query log (Parquet)."),
+    log: list[Path] = typer.Option(..., "--log", "-l", help=f"Query log (Parquet). {SEVERAL_LOGS_HELP}"),
     trials: int = typer.Option(20, help="Trials to add in this run."),
     storage: str | None = typer.Option(None, help="Optuna storage (config: registry.optuna_storage)."),
     study_name: str = typer.Option("stage", help="Study name; an existing study is resumed."),
@@ -202,7 +209,7 @@ def tune_stage_cmd(
 
 @tune_app.command("iconq")
 def tune_iconq_cmd(
-    log: Path = typer.Option(..., "--log", "-l", help="Query log (Parquet)."),
+    log: list[Path] = typer.Option(..., "--log", "-l", help=f"Query log (Parquet). {SEVERAL_LOGS_HELP}"),
     trials: int = typer.Option(10, help="Trials to add in this run."),
     storage: str | None = typer.Option(None, help="Optuna storage (config: registry.optuna_storage)."),
     study_name: str = typer.Option("iconq", help="Study name; an existing study is resumed."),
@@ -214,7 +221,7 @@ def tune_iconq_cmd(
     _tune("iconq", log, trials, storage, study_name, seed, max_epochs, config)
 
 
-def _tune(model: str, log: Path, trials: int, storage: str | None, study_name: str, seed: int,
+def _tune(model: str, log: list[Path], trials: int, storage: str | None, study_name: str, seed: int,
           max_epochs: int, config: Path | None) -> None:
     import json
 
@@ -223,7 +230,7 @@ def _tune(model: str, log: Path, trials: int, storage: str | None, study_name: s
     if trials < 1:
         raise typer.BadParameter(f"must be >= 1; got {trials}", param_hint="--trials")
     cfg = load_cli_config(config)
-    frame = read_log(log)
+    frame = read_logs(log)
 
     def on_trial(number: int, value, state: str) -> None:
         shown = "-" if value is None else f"{value:.4f}"

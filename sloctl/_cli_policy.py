@@ -37,7 +37,7 @@ from typing import Any
 
 import typer
 
-from sloctl._cli_common import ConfigOption, echo, load_cli_config
+from sloctl._cli_common import SEVERAL_LOGS_HELP, ConfigOption, describe_logs, echo, load_cli_config, read_logs
 
 __all__ = ["tune_policy_cmd", "tune_policy_run"]
 
@@ -258,8 +258,8 @@ def tune_policy_cmd(
     strategy: str = typer.Option("adaptive", "--strategy", help="grid, random, coordinate, adaptive or optuna."),
     budget: int = typer.Option(12, "--budget", min=1, help="Knob configurations simulated on training forecasts."),
     top_k: int = typer.Option(3, "--top-k", min=1, help="Best configurations re-run on validation forecasts."),
-    log: Path = typer.Option(DEFAULT_LOG, "--log", "-l", help="Real query log: calibrates the emulated "
-                                                              "warehouse and gives SLOs."),
+    log: list[Path] = typer.Option([DEFAULT_LOG], "--log", "-l", help="Real query log: calibrates the emulated "
+                                   f"warehouse and gives SLOs. {SEVERAL_LOGS_HELP}"),
     model: str | None = typer.Option(None, "--model", help="Latency model for the Iconq+ router (then the "
                                                            "autoscaler's knobs are tuned); default: round-robin."),
     seed: int = typer.Option(0, help="Seed of forecasts, search and simulation."),
@@ -269,16 +269,16 @@ def tune_policy_cmd(
     config: Path | None = ConfigOption,
 ) -> None:
     """Forecast the day ahead, tune the autoscaler knobs and scheduled spin-ups, register the result."""
-    from sloctl.datasets.querylog import read_log
     from sloctl.training.policy_tuner import STRATEGIES
 
     if strategy not in STRATEGIES:
         raise typer.BadParameter(f"expected one of {', '.join(STRATEGIES)}; got {strategy!r}",
                                  param_hint="--strategy")
-    if not log.is_file():
-        raise typer.BadParameter(f"no such log {log} (run `make demo`, or name one)", param_hint="--log")
+    for path in log:
+        if not path.exists():
+            raise typer.BadParameter(f"no such log {path} (run `make demo`, or name one)", param_hint="--log")
     cfg = load_cli_config(config)
-    frame = read_log(log)
+    frame = read_logs(log)
     predictor = None
     if model is not None:
         from sloctl.registry.store import load_model
@@ -287,7 +287,7 @@ def tune_policy_cmd(
     summary = tune_policy_run(history, frame, days=days, target_date=target_date, instance=instance,
                               predictor=predictor, strategy=strategy, budget=budget, top_k=top_k, seed=seed,
                               workers=workers, tracking_uri=cfg.registry.tracking_uri,
-                              experiment=cfg.registry.experiment, register=register, log_path=str(log),
+                              experiment=cfg.registry.experiment, register=register, log_path=describe_logs(log),
                               on_progress=lambda n: echo(f"{n} simulations"))
     if as_json:
         typer.echo(json.dumps(summary, default=float))

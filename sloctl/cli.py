@@ -16,14 +16,24 @@ from pathlib import Path
 
 import typer
 
-from sloctl._cli_common import ConfigOption, cli_router, echo, load_cli_config, parse_sizes
+from sloctl._cli_common import (
+    SEVERAL_LOGS_HELP,
+    ConfigOption,
+    cli_router,
+    echo,
+    load_cli_config,
+    log_files,
+    parse_sizes,
+    read_logs,
+)
 from sloctl._cli_experiments import experiment_app
 from sloctl._cli_forecast import forecast_app
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
 from sloctl._cli_sidecar import sidecar_app
-from sloctl.core.errors import SloctlError
+from sloctl.core.errors import QueryLogError, SloctlError
+from sloctl.datasets.merge import DEFAULT_GAP_S
 
 app = typer.Typer(
     name="sloctl",
@@ -34,7 +44,7 @@ app = typer.Typer(
 )
 warehouse_app = typer.Typer(help="The embedded DuckDB warehouse: generate TPC databases.",
                             no_args_is_help=True)
-log_app = typer.Typer(help="Query logs: validate and summarise.", no_args_is_help=True)
+log_app = typer.Typer(help="Query logs: validate, summarise and merge.", no_args_is_help=True)
 import_app = typer.Typer(help="Import outside traces as query logs.", no_args_is_help=True)
 config_app = typer.Typer(help="Configuration files.", no_args_is_help=True)
 app.add_typer(warehouse_app, name="warehouse")
@@ -81,19 +91,23 @@ def collect_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Query log to write (Parquet)."),
     benchmark: str | None = typer.Option(None, help="tpch or tpcds (config: collect.benchmark)."),
     sf: float | None = typer.Option(None, "--sf", help="Scale factor (config: collect.scale_factor)."),
-    sizes: str | None = typer.Option(None, help="Cluster sizes, e.g. 1,2; each runs the workload in turn."),
-    workload: str | None = typer.Option(None, help="base, phased, isolated or contour."),
+    sizes: str | None = typer.Option(None, help="Cluster sizes in units of CPU budget "
+                                      "(warehouse.size_unit_cores, default 0.25 core), e.g. 1,2,4; each runs "
+                                      "the workload in turn."),
+    workload: str | None = typer.Option(None, help="base, phased, isolated or contour; several, comma-separated "
+                                         "(e.g. isolated,base), run in turn and written as one merged log."),
     rate: float | None = typer.Option(None, help="Arrival rate λ per second (base)."),
     copies: int | None = typer.Option(None, help="Copies of every template."),
     seed: int | None = typer.Option(None, help="Seed of the workload."),
     templates: str | None = typer.Option(None, help="Only these templates, e.g. tpch-q01,tpch-q06."),
     timeout_s: float | None = typer.Option(None, help="Per-query timeout (config: warehouse.query_timeout_s)."),
     warmup_s: float | None = typer.Option(None, help="Warm-up added to each spin-up."),
-    allow_oversubscribe: bool = typer.Option(False, help="Share cores when sizes exceed the machine."),
+    allow_oversubscribe: bool = typer.Option(False, help="Let CPU budgets (or pinned cores) exceed the cluster "
+                                             "cores; every affected row is marked."),
     data_dir: Path | None = typer.Option(None, help="Where databases live."),
     config: Path | None = ConfigOption,
 ) -> None:
-    """Run a workload on DuckDB clusters of the given sizes and write the query log."""
+    """Run a workload (or several in turn) on DuckDB clusters of the given sizes and write the query log."""
     import dataclasses
 
     import numpy as np
@@ -105,44 +119,77 @@ def collect_cmd(
     from sloctl.datasets.workloads import build_workload
 
     cfg = load_cli_config(config)
-    overrides = {k: v for k, v in {"kind": workload, "rate_per_s": rate, "copies": copies,
-                                   "seed": seed}.items() if v is not None}
-    wcfg = dataclasses.replace(cfg.workload, **overrides)
-    if wcfg.kind not in ("base", "phased", "isolated", "contour"):
-        raise typer.BadParameter(f"expected base, phased, isolated or contour; got {wcfg.kind!r}",
-                                 param_hint="--workload")
+    overrides = {k: v for k, v in {"rate_per_s": rate, "copies": copies, "seed": seed}.items() if v is not None}
+    kinds = [kind.strip() for kind in workload.split(",")] if workload is not None else [cfg.workload.kind]
+    for kind in kinds:
+        if kind not in ("base", "phased", "isolated", "contour"):
+            raise typer.BadParameter(f"expected base, phased, isolated or contour (several: comma-separated); "
+                                     f"got {kind!r}", param_hint="--workload")
+    wcfgs = [dataclasses.replace(cfg.workload, **overrides, kind=kind) for kind in kinds]
     bench = benchmark or cfg.collect.benchmark
     scale = sf if sf is not None else cfg.collect.scale_factor
     size_list = parse_sizes(sizes) if sizes else cfg.collect.sizes
     db = ensure_database(bench, scale, data_dir or cfg.warehouse.data_dir, log=echo)
     chosen = load_templates(bench, templates.split(",") if templates else None)
-    wl = build_workload(wcfg, chosen)
-    echo(f"Workload {wl.name}: {len(wl)} queries from {len(chosen)} templates "
-          f"over {wl.duration_s:.1f} s, on sizes {list(size_list)}.")
+    workloads = [build_workload(wcfg, chosen) for wcfg in wcfgs]
+    for wl in workloads:
+        echo(f"Workload {wl.name}: {len(wl)} queries from {len(chosen)} templates "
+             f"over {wl.duration_s:.1f} s, on sizes {list(size_list)}.")
+    results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), transient=False, console=None) as progress:
         tasks = {}
+        for wl in workloads:
+            label = f"{wl.name} " if len(workloads) > 1 else ""
 
-        def on_progress(cluster_id: str, done: int, total: int) -> None:
-            if cluster_id not in tasks:
-                tasks[cluster_id] = progress.add_task(cluster_id, total=total)
-            progress.update(tasks[cluster_id], completed=done)
+            def on_progress(cluster_id: str, done: int, total: int, label: str = label) -> None:
+                if label + cluster_id not in tasks:
+                    tasks[label + cluster_id] = progress.add_task(label + cluster_id, total=total)
+                progress.update(tasks[label + cluster_id], completed=done)
 
-        result = collect(
-            db, wl, size_list,
-            timeout_s=timeout_s if timeout_s is not None else cfg.warehouse.query_timeout_s,
-            warmup_s=warmup_s if warmup_s is not None else cfg.warehouse.warmup_s,
-            allow_oversubscribe=allow_oversubscribe or cfg.warehouse.allow_oversubscribe,
-            on_progress=on_progress, log=progress.console.print)
-    write_log(result.log, out, metadata={
-        "benchmark": bench, "scale_factor": scale, "sizes": ",".join(map(str, size_list)),
-        "workload": wl.name, "workload_params": wl.params,
-        "time_compression": wl.time_compression})
-    status = result.log["status"].value_counts().to_dict()
-    lags = np.asarray(result.dispatch_lag_s) * 1000
+            results.append(collect(
+                db, wl, size_list,
+                timeout_s=timeout_s if timeout_s is not None else cfg.warehouse.query_timeout_s,
+                warmup_s=warmup_s if warmup_s is not None else cfg.warehouse.warmup_s,
+                allow_oversubscribe=allow_oversubscribe or cfg.warehouse.allow_oversubscribe,
+                on_progress=on_progress, log=progress.console.print,
+                pool_options=cfg.warehouse.pool_options()))
+    run_meta = {"benchmark": bench, "scale_factor": scale, "sizes": ",".join(map(str, size_list)),
+                "size_unit_cores": str(cfg.warehouse.size_unit_cores),
+                "reserved_cores": str(cfg.warehouse.reserved_cores), **results[0].metadata()}
+    if len(workloads) == 1:
+        log, wl = results[0].log, workloads[0]
+        write_log(log, out, metadata={**run_meta, "workload": wl.name, "workload_params": wl.params,
+                                      "time_compression": wl.time_compression})
+    else:
+        log, metadata = _merge_workloads(results, workloads, run_meta)
+        write_log(log, out, metadata=metadata)
+    status = log["status"].value_counts().to_dict()
+    lags = np.asarray([lag for result in results for lag in result.dispatch_lag_s]) * 1000
     lag_text = (f"; dispatch lag p50 {np.percentile(lags, 50):.2f} ms, "
                 f"p99 {np.percentile(lags, 99):.2f} ms") if len(lags) else ""
-    echo(f"Wrote {len(result.log)} rows to {out} (status {status}){lag_text}.")
+    echo(f"Wrote {len(log)} rows to {out} (status {status}){lag_text}.")
+
+
+def _merge_workloads(results, workloads, run_meta: dict) -> tuple:
+    """One log from the runs of several workloads, merged as ``sloctl log merge`` does, and its metadata.
+
+    Each workload's run is one input of :func:`~sloctl.datasets.merge.merge_logs`
+    (ids renumbered, clocks end to end, clusters prefixed ``r0/``, ``r1/`` in
+    the order of ``--workload``); ``workload`` lists the kinds, comma-separated.
+    """
+    import json
+
+    from sloctl.datasets.merge import merge_logs
+
+    parts = [{**{k: str(v) for k, v in run_meta.items()}, "workload": wl.name,
+              "workload_params": json.dumps(wl.params, default=str), "time_compression": str(wl.time_compression)}
+             for wl in workloads]
+    log, metadata = merge_logs([result.log for result in results], metadata=parts)
+    compressions = sorted({str(wl.time_compression) for wl in workloads})
+    return log, {**metadata, **run_meta, "workload": ",".join(wl.name for wl in workloads),
+                 "workload_params": json.dumps([wl.params for wl in workloads], default=str),
+                 "time_compression": ",".join(compressions)}
 
 
 @import_app.command("redset")
@@ -178,6 +225,48 @@ def log_summary(file: Path = typer.Argument(..., help="Query log (Parquet).")) -
     from sloctl.datasets.querylog import read_log
 
     _print_summary(template_summary(read_log(file)))
+
+
+@log_app.command("merge")
+def log_merge(
+    files: list[Path] | None = typer.Argument(None, help="Query logs (Parquet), or folders of them (their *.parquet, "
+                                              "sorted), in run order.", show_default=False, metavar="FILES"),
+    out: Path = typer.Option(..., "--out", "-o", help="Merged query log to write; never one of the inputs."),
+    gap_s: float = typer.Option(DEFAULT_GAP_S, "--gap-s", help="Idle seconds between one run's last end_s and the "
+                                "next run's first arrival."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON summary of the merge on stdout."),
+) -> None:
+    """Merge the logs of separate runs into one: ids renumbered, clocks end to end, clusters kept apart.
+
+    The inputs become runs 0, 1, ... (a run column; cluster ids prefixed r0/,
+    r1/, ...); the merged file's metadata records each input (docs/querylog.md).
+    """
+    import json
+    import os
+
+    from sloctl.datasets.merge import merge_logs
+    from sloctl.datasets.querylog import write_log
+
+    if not gap_s >= 0 or gap_s == float("inf"):
+        raise typer.BadParameter(f"must be a finite number >= 0; got {gap_s}", param_hint="--gap-s")
+    inputs = log_files(files or [], "FILES")
+    if out.is_dir():
+        raise QueryLogError(f"--out {out}: is a folder; name the merged log's file.")
+    for path in inputs:
+        if out.resolve() == path.resolve() or (out.exists() and os.path.samefile(out, path)):
+            raise QueryLogError(f"--out {out}: is also an input ({path}); refusing to overwrite an input.")
+    try:
+        log, metadata = merge_logs(inputs, gap_s=gap_s)
+    except QueryLogError as exc:
+        raise QueryLogError(f"FILES {' '.join(str(exc).split())}") from exc
+    write_log(log, out, metadata=metadata)
+    runs = [{k: run[k] for k in ("run", "path", "rows", "offset_s", "first_query_id", "cluster_prefix")}
+            for run in json.loads(metadata["merged_from"])]
+    echo(f"Merged {len(runs)} logs ({len(log)} rows) into {out}: runs laid end to end {gap_s:g} s apart, "
+         f"clusters prefixed r0/..r{len(runs) - 1}/.")
+    if as_json:
+        typer.echo(json.dumps({"out": str(out), "rows": len(log), "gap_s": gap_s,
+                               "plan_feature_version": metadata["plan_feature_version"], "runs": runs}))
 
 
 def _print_summary(summary) -> None:
@@ -334,7 +423,8 @@ def serve_cmd(
 
 @app.command("run-live")
 def run_live_cmd(
-    log: Path = typer.Option(..., "--log", "-l", help="Query log: templates, SLO references and plan features."),
+    log: list[Path] = typer.Option(..., "--log", "-l", help="Query log: templates, SLO references and plan "
+                                   f"features. {SEVERAL_LOGS_HELP}"),
     url: str | None = typer.Option(None, help="The running service (default: http://serve.host:serve.port)."),
     model: str = typer.Option("models:/iconq@champion", help="Model the local autoscaler plans with."),
     db: Path | None = typer.Option(None, help="TPC-H database the log was collected on (default: SF 1)."),
@@ -352,7 +442,6 @@ def run_live_cmd(
     import os
 
     from sloctl._cli_experiments import _live_db
-    from sloctl.datasets.querylog import read_log
     from sloctl.registry.store import load_model
     from sloctl.serving.live import run_live_through_service
 
@@ -361,7 +450,7 @@ def run_live_cmd(
         raise typer.BadParameter("--load and --kappa must be > 0 and --copies >= 1")
     url = url or f"http://{cfg.serve.host}:{cfg.serve.port}"
     token = os.environ.get("SLOCTL_TOKEN") or cfg.serve.token
-    result = run_live_through_service(url, token, _live_db(db, cfg), read_log(log),
+    result = run_live_through_service(url, token, _live_db(db, cfg), read_logs(log),
                                       load_model(model, tracking_uri=cfg.registry.tracking_uri), load=load,
                                       kappa=kappa, copies=copies, seed=seed, autoscale=autoscale, warmup_s=warmup_s,
                                       on_progress=lambda done, total: echo(f"{done}/{total} queries done")
