@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_dispatch_lag.py
 	$(BIN)/python benchmarks/bench_latency_models.py
 	$(BIN)/python benchmarks/bench_router.py
+	$(BIN)/python benchmarks/bench_autoscaler.py
 
 clean:
 	rm -rf reports .pytest_cache .ruff_cache mlruns mlartifacts mlflow.db optuna.db

@@ -20,10 +20,15 @@ the simulation-based Spinup Size Selector.
   strictly improves on doing nothing. Each what-if run routes, bills and
   completes through a :class:`~sloctl.control.managed.ManagedPool`, the
   same step the drivers run.
+* :class:`Autoscaler` runs both triggers at every arrival. Its size
+  selection runs inside the arrival step (the simulators: seeded, no thread
+  timing) or, given a :class:`~sloctl.control.background.BackgroundSizer`,
+  on a worker thread over a snapshot, as AutoSLO's background autoscaler
+  does (the live drivers): routing never waits for it.
 
-:class:`ClusterView` and :class:`ScalingAction` (what the autoscaler reads
-and returns) live with the pool in :mod:`sloctl.control.managed` and are
-re-exported here.
+:class:`~sloctl.control.managed.ClusterView` and
+:class:`~sloctl.control.managed.ScalingAction` (what the autoscaler reads and
+returns) live with the pool in :mod:`sloctl.control.managed`.
 
 The policies see only the router's predictor; they run unchanged in
 simulation and live.
@@ -37,6 +42,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sloctl.control.background import BackgroundSizer
 from sloctl.control.billing import BillingTimer, best_with_target
 from sloctl.control.managed import ClusterView, ManagedPool, ScalingAction
 from sloctl.control.router import ClusterState, Query
@@ -44,8 +50,6 @@ from sloctl.control.router import ClusterState, Query
 __all__ = [
     "Autoscaler",
     "AutoscalerConfig",
-    "ClusterView",
-    "ScalingAction",
     "ObservationWindows",
     "QueueTrigger",
     "RelativeAutoscalerSettings",
@@ -435,8 +439,24 @@ def find_best_spinup_size(*, now_s: float, window: Sequence[Query], window_s: fl
     return SizingOutcome(max(tied), outcomes)
 
 
+class _ForkedRouter:
+    """Stands in for the live router in a sizing job: only its forked predictor is read."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+
 class Autoscaler:
     """Triggers plus a scaling action, run at every arrival (AutoSLO §6).
+
+    By default the Spinup Size Selector runs inside the arrival step that
+    fired the trigger, as the simulators need (seeded, no thread timing).
+    With a ``sizer`` it runs as in AutoSLO, in the background (§6, §8.8.2):
+    the trigger hands a snapshot to the sizer's worker and routing goes on;
+    the first arrival after the job finishes applies its spin-up. A trigger
+    firing while a job runs is coalesced (``sizer.coalesced``). Each finished
+    job is recorded, with its decision and queue times, in the events that
+    :meth:`take_events` hands to the pool.
 
     Args:
         config: the parameters.
@@ -449,11 +469,13 @@ class Autoscaler:
             (add a copy of the existing cluster size) or ``none``.
         minimum_s, price_per_unit_s: billing used in what-if runs.
         teardown: apply the teardown trigger.
+        sizer: a :class:`~sloctl.control.background.BackgroundSizer` to run
+            the size selector on (live drivers); ``None``: inside the step.
     """
 
     def __init__(self, config: AutoscalerConfig, trigger: Any, router: Any, make_router: Callable[[Any], Any], *,
                  mode: str = "add", minimum_s: float = 60.0, price_per_unit_s: float = 1.0,
-                 teardown: bool = True) -> None:
+                 teardown: bool = True, sizer: BackgroundSizer | None = None) -> None:
         if mode not in ("add", "vertical", "horizontal", "none"):
             raise ValueError(f"The 'mode' parameter of Autoscaler must be add, vertical, horizontal or none, "
                              f"got {mode!r}.")
@@ -466,14 +488,16 @@ class Autoscaler:
         self.minimum_s = minimum_s
         self.price_per_unit_s = price_per_unit_s
         self.teardown = teardown
+        self.sizer = sizer
         self.windows = ObservationWindows(config.window_s)
         self.decisions: list[tuple[float, SizingOutcome | None, ScalingAction | None]] = []
+        self._events: list[dict[str, Any]] = []
 
     def on_completion(self, query: Query, end_s: float) -> None:
         self.windows.add_completion(query, end_s)
 
     def on_arrival(self, query: Query, clusters: list[ClusterView]) -> list[ScalingAction]:
-        """Record the arrival, run both triggers; returns the actions to apply now."""
+        """Record the arrival, run both triggers, take a finished background sizing; returns the actions to apply."""
         now = query.arrival_s
         self.windows.add_arrival(query)
         actions: list[ScalingAction] = []
@@ -486,19 +510,26 @@ class Autoscaler:
                                     now_s=now, t_idle_s=self.config.t_idle_s,
                                     t_min_lifetime_s=self.config.t_min_lifetime_s):
                     actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id))
-        if self.trigger is None or self.mode == "none":
-            return actions
-        running = [(Query(r.query_id, r.template, r.arrival_s, r.slo_s), r.predicted_s)
-                   for r in self.router.model.running.values()]
-        if self.trigger.check(now, [c.cluster_id for c in clusters], running, self.windows):
-            actions.extend(self.scale(now, clusters))
+        if self.trigger is not None and self.mode != "none":
+            running = [(Query(r.query_id, r.template, r.arrival_s, r.slo_s), r.predicted_s)
+                       for r in self.router.model.running.values()]
+            if self.trigger.check(now, [c.cluster_id for c in clusters], running, self.windows):
+                if (self.sizer is not None and self.mode in ("add", "vertical")
+                        and len(clusters) < self.config.max_clusters):
+                    # coalesced while a job runs or its result is still to be taken below
+                    self.sizer.submit(self.sizing_job(now, clusters), triggered_s=now)
+                else:
+                    actions.extend(self.scale(now, clusters))
+        if self.sizer is not None:
+            actions.extend(self._take_sizing(now, clusters))
         return actions
 
     def force(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
-        """Scale now regardless of the triggers (the size-selector experiment)."""
+        """Scale now regardless of the triggers, inside the step (the size-selector experiment)."""
         return self.scale(now_s, clusters)
 
     def scale(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
+        """The scaling action for ``clusters`` now, the size selector run inside this call."""
         if self.mode == "none" or len(clusters) >= self.config.max_clusters:
             self.decisions.append((now_s, None, None))
             return []
@@ -507,19 +538,76 @@ class Autoscaler:
             action = ScalingAction("spin_up", size=ready[0].size if ready else min(self.config.candidate_sizes))
             self.decisions.append((now_s, None, action))
             return [action]
-        outcome = find_best_spinup_size(
-            now_s=now_s, window=list(self.windows.arrivals), window_s=self.config.window_s, router=self.router,
-            clusters=[c.state for c in ready], make_router=self.make_router,
-            candidates=self.config.candidate_sizes, delta_s=self.config.spinup_delay_s, mu=self.config.mu,
-            tau_target=self.config.tau_target, minimum_s=self.minimum_s, price_per_unit_s=self.price_per_unit_s,
-            vertical=self.mode == "vertical")
+        return self._act(now_s, now_s, self.sizing_job(now_s, clusters)())
+
+    def sizing_job(self, now_s: float, clusters: list[ClusterView]) -> Callable[[], SizingOutcome]:
+        """Algorithm 3 over a snapshot taken now, as a function to run now or on a worker.
+
+        The snapshot is what :func:`find_best_spinup_size` reads: a fork of
+        the router's predictor, copies of the ready clusters' states and
+        billing timers, and the arrival window. The job shares with the
+        routing path only the predictor's weights and its per-template
+        feature cache, whose entries never change once computed, so routing
+        may go on while it runs.
+        """
+        model = self.router.model.fork()
+        states = [ClusterState(c.state.cluster_id, c.state.size, c.state.timer.copy(), c.state.price_per_unit_s)
+                  for c in clusters if c.ready and c.state is not None]
+        window = list(self.windows.arrivals)
+        config, make_router, vertical = self.config, self.make_router, self.mode == "vertical"
+        minimum_s, price_per_unit_s = self.minimum_s, self.price_per_unit_s
+
+        def job() -> SizingOutcome:
+            return find_best_spinup_size(
+                now_s=now_s, window=window, window_s=config.window_s, router=_ForkedRouter(model), clusters=states,
+                make_router=make_router, candidates=config.candidate_sizes, delta_s=config.spinup_delay_s,
+                mu=config.mu, tau_target=config.tau_target, minimum_s=minimum_s,
+                price_per_unit_s=price_per_unit_s, vertical=vertical)
+
+        return job
+
+    def take_events(self) -> list[dict[str, Any]]:
+        """Events of finished background sizings since the last call (the pool adds them to its log)."""
+        events, self._events = self._events, []
+        return events
+
+    def _act(self, now_s: float, decided_s: float, outcome: SizingOutcome) -> list[ScalingAction]:
+        """Lines 31-35 of Algorithm 3: do nothing (and suppress the trigger for ``δ``) or spin up."""
         if outcome.size is None:
             if self.trigger is not None:
                 self.trigger.suppress(now_s + self.config.spinup_delay_s)
-            self.decisions.append((now_s, outcome, None))
+            self.decisions.append((decided_s, outcome, None))
             return []
         actions = [ScalingAction("spin_up", size=outcome.size)]
         if self.mode == "vertical":
             actions.append(ScalingAction("retire_others"))
-        self.decisions.append((now_s, outcome, actions[0]))
+        self.decisions.append((decided_s, outcome, actions[0]))
         return actions
+
+    def _take_sizing(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
+        """Apply the background job that finished since the last arrival, if any.
+
+        A job that raised is recorded (``sizing_error``) and the trigger is
+        suppressed for ``δ``, as after a do-nothing decision, so that a
+        failing selector is not resubmitted at every arrival. A spin-up that
+        no longer fits under ``max_clusters`` is recorded and skipped.
+        """
+        result = self.sizer.poll()
+        if result is None:
+            return []
+        event: dict[str, Any] = {"t": now_s, "event": "sizing", "triggered_s": result.triggered_s,
+                                 "decision_s": result.decision_s, "queue_delay_s": result.queue_delay_s}
+        self._events.append(event)
+        if result.error is not None:
+            event.update(event="sizing_error", error=f"{type(result.error).__name__}: {result.error}")
+            if self.trigger is not None:
+                self.trigger.suppress(now_s + self.config.spinup_delay_s)
+            self.decisions.append((result.triggered_s, None, None))
+            return []
+        outcome: SizingOutcome = result.value
+        event["size"] = outcome.size
+        if outcome.size is not None and len(clusters) >= self.config.max_clusters:
+            event["skipped"] = "max_clusters"
+            self.decisions.append((result.triggered_s, outcome, None))
+            return []
+        return self._act(now_s, result.triggered_s, outcome)

@@ -9,7 +9,8 @@ step every driver runs:
 
 * :meth:`ManagedPool.scale` — at an arrival, the autoscaler (§6) looks at
   :meth:`ManagedPool.views` and its actions are applied (spin up, tear down,
-  retire the others);
+  retire the others); a size selection it ran in the background is logged
+  (``sizing`` events) before the spin-up it led to;
 * :meth:`ManagedPool.route` — the router (§5) chooses among the routable
   clusters, the chosen cluster's billing timer starts (§2) and the query is
   recorded as running;
@@ -139,7 +140,8 @@ class ManagedPool:
         router: the :class:`~sloctl.control.router.Router`; may be replaced
             between calls (the runtime swaps models).
         autoscaler: optional :class:`~sloctl.control.autoscaler.Autoscaler`
-            (anything with ``on_arrival``, ``force`` and ``on_completion``).
+            (anything with ``on_arrival``, ``force`` and ``on_completion``;
+            ``take_events``, if it has one, adds to :attr:`events`).
         price_per_unit_s, minimum_s: billing of clusters the pool creates.
         backend: starts and stops clusters for the autoscaler's actions.
         clamp_late_events: give each billing timer ``max(t, the last time it
@@ -231,6 +233,9 @@ class ManagedPool:
         actions = self.autoscaler.on_arrival(query, self.views(now_s))
         if force:
             actions = actions + self.autoscaler.force(now_s, self.views(now_s))
+        take_events = getattr(self.autoscaler, "take_events", None)  # background sizings it finished
+        if take_events is not None:
+            self.events.extend(take_events())
         self.apply(actions, now_s)
         return actions
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sloctl.control.autoscaler import Autoscaler, RelativeAutoscalerSettings, SpinupTrigger
+from sloctl.control.background import BackgroundSizer
 from sloctl.control.managed import ManagedPool
 from sloctl.control.router import IconqRouter, Query, RouteDecision
 from sloctl.core.errors import ClusterPoolError
@@ -51,7 +52,7 @@ _SPIN_UP_TIMEOUT_S = 120.0
 _POLL_S = 0.5
 
 _COLUMNS = ["query_id", "template", "cluster_id", "cluster_size", "arrival_s", "routed_s", "start_s", "end_s",
-            "latency_s", "slo_s", "violated", "status", "predicted_s"]
+            "latency_s", "slo_s", "violated", "status", "predicted_s", "control_s"]
 
 
 @dataclass
@@ -61,9 +62,10 @@ class LiveResult:
     Attributes:
         queries: one row per query (columns ``query_id, template, cluster_id,
             cluster_size, arrival_s, routed_s, start_s, end_s, latency_s,
-            slo_s, violated, status, predicted_s``), in arrival order;
-            ``routed_s`` is when the router decided (``arrival_s`` plus the
-            dispatch lag).
+            slo_s, violated, status, predicted_s, control_s``), in arrival
+            order; ``routed_s`` is when the router decided (``arrival_s``
+            plus the dispatch lag), ``control_s`` the wall time of the
+            arrival's control step (autoscaler and router).
         cost: total bill, ``Σ price × size × active time``.
         cost_by_cluster: the bill of each cluster.
         violation_rate: fraction of queries that violated their SLO.
@@ -108,6 +110,7 @@ def run_live(
     on_progress: Callable[[int, int], None] | None = None,
     autoscaler: Autoscaler | None = None,
     warmup_s: float = 0.0,
+    background_sizing: bool = True,
 ) -> LiveResult:
     """Route ``queries`` live onto fresh DuckDB clusters and bill them.
 
@@ -148,6 +151,15 @@ def run_live(
             new one is ready (the same :class:`~sloctl.control.managed.ManagedPool`
             step as in simulation).
         warmup_s: warm-up delay of every spin-up.
+        background_sizing: run the autoscaler's Spinup Size Selector on a
+            worker thread (:class:`~sloctl.control.background.BackgroundSizer`,
+            AutoSLO §6): routing goes on while it simulates, and the first
+            arrival after it finishes applies its spin-up (``sizing`` events
+            record the decision and queue times; a final ``sizer`` event, if a
+            job ran, counts jobs, coalesced triggers and errors, and whether a
+            result came too late to apply). ``False`` runs it inside the
+            arrival step, as the simulator does. Ignored if the autoscaler
+            already has a sizer.
 
     Returns:
         The per-query rows, the bill and the violation rate.
@@ -163,7 +175,8 @@ def run_live(
     pending = sorted(queries, key=lambda q: (q.arrival_s, q.query_id))
     records: dict[int, dict[str, Any]] = {}
 
-    with DuckDBClusterPool(db_path, warmup_s=warmup_s) as pool:
+    with DuckDBClusterPool(db_path, warmup_s=warmup_s) as pool, \
+            _background_sizer(autoscaler if background_sizing else None) as sizer:
         for cid, size in clusters:
             pool.spin_up(size, cluster_id=cid)
         for cid, _ in clusters:
@@ -174,6 +187,8 @@ def run_live(
         for cid, size in clusters:
             managed.add_cluster(cid, size)
         base = time.monotonic() + _LEAD_S
+
+        control_s: dict[int, float] = {}  # per query: the arrival's control step, wall seconds
 
         def refresh_ready(now_s: float) -> None:
             starting = managed.starting()
@@ -193,7 +208,7 @@ def run_live(
                 "cluster_size": managed.clusters[cid].size, "arrival_s": query.arrival_s, "routed_s": record.routed_s,
                 "start_s": done.start_s - base, "end_s": end, "latency_s": latency, "slo_s": query.slo_s,
                 "violated": bool(done.status != "ok" or latency > query.slo_s), "status": done.status,
-                "predicted_s": record.predicted_s,
+                "predicted_s": record.predicted_s, "control_s": control_s.pop(query.query_id),
             }
             if on_progress is not None:
                 on_progress(len(records), len(pending))
@@ -211,8 +226,11 @@ def run_live(
                 now_s = time.monotonic() - base
                 if autoscaler is not None:
                     refresh_ready(now_s)
+                started = time.perf_counter()
+                if autoscaler is not None:
                     managed.scale(query, now_s)
                 decision = managed.route(query, now_s)
+                control_s[query.query_id] = time.perf_counter() - started
                 pool.submit(decision.cluster_id, QueryRequest(query.query_id, sql_by_template[query.template],
                                                               timeout_s))
                 continue
@@ -223,12 +241,37 @@ def run_live(
                     finish(done)
             if not batch and managed.running:
                 _check_alive(pool, {r.cluster_id for r in managed.running.values()})
+        if sizer is not None and sizer.submitted:  # modes without a size selector never submit
+            unapplied = sizer.close()
+            managed.events.append({"t": time.monotonic() - base, "event": "sizer", "submitted": sizer.submitted,
+                                   "coalesced": sizer.coalesced, "errors": len(sizer.errors),
+                                   "unapplied": unapplied is not None})
 
     frame = pd.DataFrame([records[q.query_id] for q in pending], columns=_COLUMNS)
     horizon = (managed.latest_s if math.isfinite(managed.latest_s) else 0.0) + 1e6
     cost_by_cluster = managed.cost_by_cluster(horizon)
     violation_rate = float(frame["violated"].mean()) if len(frame) else 0.0
     return LiveResult(frame, float(sum(cost_by_cluster.values())), cost_by_cluster, violation_rate, managed.events)
+
+
+@contextlib.contextmanager
+def _background_sizer(autoscaler: Autoscaler | None) -> Iterator[BackgroundSizer | None]:
+    """Give ``autoscaler`` a :class:`BackgroundSizer` for the run, and take it back (its worker stopped) after.
+
+    Yields ``None`` (nothing changed) for anything but an
+    :class:`~sloctl.control.autoscaler.Autoscaler` without a sizer; a caller's
+    own sizer stays the caller's to close.
+    """
+    if not isinstance(autoscaler, Autoscaler) or autoscaler.sizer is not None:
+        yield None
+        return
+    sizer = BackgroundSizer()
+    autoscaler.sizer = sizer
+    try:
+        yield sizer
+    finally:
+        autoscaler.sizer = None
+        sizer.close()
 
 
 class _PoolBackend:
