@@ -10,12 +10,12 @@ drive :func:`sloctl.serving.live.run_live`, the live runner the product uses.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
-from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, ShadowRoundRobinRouter
+from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, ShadowRoundRobinRouter, StageCostRouter
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.tpc import Template
 from sloctl.datasets.workloads import base_workload
@@ -47,6 +47,8 @@ def live_router_experiment(
     rounds: int = 3,
     shadow_baseline: bool = True,
     on_progress: Callable[[str, int, int], None] | None = None,
+    pool_options: Mapping[str, Any] | None = None,
+    stage_router: bool = False,
 ) -> dict[str, Any]:
     """Round-robin vs the Iconq+ router on live clusters, on the same arrivals.
 
@@ -82,10 +84,17 @@ def live_router_experiment(
         rounds: repetitions, each on its own seeded workload.
         shadow_baseline: also run ``round-robin+inference``.
         on_progress: ``(approach, finished, total)`` after every completion.
+        pool_options: CPU-budget options of the pool (sizes as cgroup CPU
+            budgets beside the controller's reserved core; see
+            :class:`~sloctl.datasets.duckdb_pool.DuckDBClusterPool`); ``None``
+            pins whole cores. The log should come from clusters with the same
+            budgets (its ``cpu_budget`` column), or its time scale is off.
+        stage_router: also run the concurrency-unaware ``stage+cost`` router.
 
     Returns:
         A JSON-ready dict: ``live``, ``lambda``, ``load``, ``kappa``,
-        ``clusters`` (sizes), ``results`` (approach -> pooled ``vr``, total
+        ``clusters`` (sizes), ``pool`` (sizes, ids and CPU-budget options),
+        ``n_rounds``, ``results`` (approach -> pooled ``vr``, total
         ``cost``), ``rounds`` (per round: ``seed`` and its ``results``),
         ``baseline``, ``mean_delta``, ``mean_delta_vs_inference_baseline``
         (the router against ``round-robin+inference``; None without it),
@@ -116,6 +125,12 @@ def live_router_experiment(
     def iconq_router() -> IconqRouter:  # fresh running state per run, features shared
         return IconqRouter(warm.fork(), slo_margin=slo_margin, cost_tolerance=cost_tolerance)
 
+    stage = OnlinePredictor(predictor, table, use_iconq=False) if stage_router else None
+    if stage is not None:
+        for t in templates:
+            for size in set(sizes.values()):
+                stage.features(t, size)
+
     per_round: list[dict[str, Any]] = []
     totals: dict[str, dict[str, float]] = {}
     predicted: list[pd.DataFrame] = []
@@ -127,6 +142,8 @@ def live_router_experiment(
                        for i, q in enumerate(workload.queries)]
             n_queries += len(queries)
             makers = [("round-robin", RoundRobinRouter), ("iconq+cost", iconq_router)]
+            if stage is not None:
+                makers.append(("stage+cost", lambda: StageCostRouter(stage.fork())))
             if shadow_baseline:
                 makers.append(("round-robin+inference", lambda: ShadowRoundRobinRouter(iconq_router())))
             results: dict[str, dict[str, float]] = {}
@@ -136,7 +153,7 @@ def live_router_experiment(
                         on_progress(name, done, total)
 
                 outcome = run_live(db_path, queries, list(clusters), make(), minimum_s=minimum_s,
-                                   sql_by_template=sql, on_progress=progress)
+                                   sql_by_template=sql, on_progress=progress, pool_options=pool_options)
                 results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost}
                 if name == "iconq+cost":
                     predicted.append(outcome.queries[["predicted_s", "latency_s"]])
@@ -153,6 +170,9 @@ def live_router_experiment(
         "load": load,
         "kappa": kappa,
         "clusters": [size for _, size in clusters],
+        "pool": {"clusters": [{"cluster_id": cid, "size": size} for cid, size in clusters],
+                 **{k: v for k, v in dict(pool_options or {}).items()}},
+        "n_rounds": rounds,
         "results": pooled,
         "rounds": per_round,
         "baseline": "round-robin",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -111,6 +111,7 @@ def run_live(
     autoscaler: Autoscaler | None = None,
     warmup_s: float = 0.0,
     background_sizing: bool = True,
+    pool_options: Mapping[str, Any] | None = None,
 ) -> LiveResult:
     """Route ``queries`` live onto fresh DuckDB clusters and bill them.
 
@@ -160,6 +161,10 @@ def run_live(
             result came too late to apply). ``False`` runs it inside the
             arrival step, as the simulator does. Ignored if the autoscaler
             already has a sizer.
+        pool_options: CPU-budget options of the DuckDB pool
+            (``WarehouseConfig.pool_options()``: sizes as cgroup CPU budgets
+            beside a core reserved for the controller); ``None`` pins whole
+            cores.
 
     Returns:
         The per-query rows, the bill and the violation rate.
@@ -175,7 +180,7 @@ def run_live(
     pending = sorted(queries, key=lambda q: (q.arrival_s, q.query_id))
     records: dict[int, dict[str, Any]] = {}
 
-    with DuckDBClusterPool(db_path, warmup_s=warmup_s) as pool, \
+    with DuckDBClusterPool(db_path, warmup_s=warmup_s, **dict(pool_options or {})) as pool, \
             _background_sizer(autoscaler if background_sizing else None) as sizer:
         for cid, size in clusters:
             pool.spin_up(size, cluster_id=cid)

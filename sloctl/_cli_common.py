@@ -29,14 +29,14 @@ def load_cli_config(path: Path | None):
     return load_config(path)
 
 
-def parse_sizes(text: str) -> tuple[int, ...]:
+def parse_sizes(text: str, option: str = "--sizes") -> tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
         raise typer.BadParameter(f"expected comma-separated whole numbers like 1,2; got {text!r}",
-                                 param_hint="--sizes") from None
+                                 param_hint=option) from None
     if not sizes or any(s < 1 for s in sizes):
-        raise typer.BadParameter(f"cluster sizes must be >= 1; got {text!r}", param_hint="--sizes")
+        raise typer.BadParameter(f"cluster sizes must be >= 1; got {text!r}", param_hint=option)
     return sizes
 
 

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from sloctl._cli_common import SEVERAL_LOGS_HELP, ConfigOption, cli_router, echo, load_cli_config, read_logs
+from sloctl._cli_common import (
+    SEVERAL_LOGS_HELP,
+    ConfigOption,
+    cli_router,
+    echo,
+    load_cli_config,
+    parse_sizes,
+    read_logs,
+)
 
 if TYPE_CHECKING:
     from sloctl.config import SloctlConfig
@@ -37,6 +45,11 @@ def experiment_router_cmd(
     live_kappa: float = typer.Option(2.0, help="With --live: SLO multiplier κ."),
     shadow: bool = typer.Option(True, "--shadow/--no-shadow", help="With --live: also run round-robin placements "
                                 "with the router's inference (same CPU cost as the router)."),
+    live_clusters: str = typer.Option("1,1", help="With --live: the pool's cluster sizes, e.g. 2,1."),
+    live_budgets: bool = typer.Option(False, "--live-budgets/--live-pinned", help="With --live: sizes as CPU "
+                                      "budgets (warehouse.size_unit_cores) beside the controller's reserved core, "
+                                      "instead of whole pinned cores; the log should be collected the same way."),
+    live_stage: bool = typer.Option(False, "--live-stage", help="With --live: also run the Stage+cost router."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Round-robin vs Stage+cost vs Iconq+ routing over 8 scenarios (λ × κ × clusters).
@@ -51,8 +64,9 @@ def experiment_router_cmd(
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
     cfg = load_cli_config(config)
     if live:
+        pool = tuple((f"c{i}", size) for i, size in enumerate(parse_sizes(live_clusters, "--live-clusters")))
         _experiment_router_live(log, model, db, live_copies, seed, rounds, live_load, live_kappa, shadow, as_json,
-                                cfg)
+                                cfg, clusters=pool, budgets=live_budgets, stage=live_stage)
         return
     frame = read_logs(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
@@ -94,7 +108,9 @@ def _live_db(db: Path | None, cfg: SloctlConfig) -> Path:
 
 
 def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies: int, seed: int, rounds: int,
-                            load: float, kappa: float, shadow: bool, as_json: bool, cfg: SloctlConfig) -> None:
+                            load: float, kappa: float, shadow: bool, as_json: bool, cfg: SloctlConfig, *,
+                            clusters: tuple[tuple[str, int], ...] = (("c0", 1), ("c1", 1)), budgets: bool = False,
+                            stage: bool = False) -> None:
     """``experiment router --live``: round-robin vs Iconq+ on live DuckDB clusters."""
     from sloctl.experiments.live_warehouse import live_router_experiment
     from sloctl.registry.store import load_model
@@ -117,7 +133,9 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
     router = cli_router(cfg, predictor, frame)
     result = live_router_experiment(db, frame, predictor, copies=copies, seed=seed, slo_margin=router.slo_margin,
                                     cost_tolerance=router.cost_tolerance, rounds=rounds, load=load, kappa=kappa,
-                                    shadow_baseline=shadow, on_progress=progress)
+                                    shadow_baseline=shadow, on_progress=progress, clusters=clusters,
+                                    pool_options=cfg.warehouse.pool_options() if budgets else None,
+                                    stage_router=stage)
     if as_json:
         typer.echo(json.dumps(result))
         return

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from sloctl.control.router import Query, RoundRobinRouter, StageCostRouter
+from sloctl.datasets.cpu_budget import find_cgroup_root
 from sloctl.datasets.pool import ClusterInfo, QueryCompletion
 from sloctl.datasets.slo import slo_baselines
 from sloctl.models.online import OnlinePredictor
@@ -90,6 +91,18 @@ def test_stage_cost_router_runs_live_unchanged(tpch_db, iso_log, queries, sql):
     expected = [online.isolated_s(t, 1) for t in result.queries["template"]]
     assert np.allclose(result.queries["predicted_s"], expected) and (result.queries["predicted_s"] > 0).all()
     assert online.running == {}  # every completion reached the router
+
+
+@pytest.mark.skipif(find_cgroup_root() is None or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs writable cgroups and a core for the controller")
+def test_live_runs_on_budgeted_clusters_and_removes_their_groups(tpch_db, queries, sql):
+    options = {"size_unit_cores": 0.25, "reserved_cores": 1}
+    result = run_live(tpch_db, queries, [("a", 2), ("b", 1)], RoundRobinRouter(), minimum_s=0.5, timeout_s=60,
+                      sql_by_template=sql, pool_options=options)
+    check_rows(result, queries)
+    assert set(result.queries["cluster_id"]) == {"a", "b"}
+    parent = find_cgroup_root().path / "sloctl"
+    assert not [p for p in parent.iterdir() if p.name.startswith(f"p{os.getpid()}-")]
 
 
 def test_pool_is_torn_down_after_a_run_and_after_a_failing_router(tpch_db, queries, sql):
