@@ -228,6 +228,7 @@ def live_autoscale_experiment(
     minimum_s_factor: float = 5.0,
     warmup_s: float = 1.0,
     on_progress: Callable[[str, int, int], None] | None = None,
+    pool_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One live scenario of the trigger experiment: a size-1 cluster under overload.
 
@@ -236,13 +237,24 @@ def live_autoscale_experiment(
     sizes that fit the free cores, teardown) on the same seeded arrivals.
     Spin-ups are real processes; ``warmup_s`` is added to each, and the
     autoscaler plans with that delay (plus the measured process start).
+    With ``pool_options`` (CPU budgets, see
+    :class:`~sloctl.datasets.duckdb_pool.DuckDBClusterPool`) sizes are budget
+    units on the cores not reserved for the controller, and the sizes the
+    selector may add are those whose budget still fits beside the first
+    cluster.
     """
     import os
 
-
-    free = len(os.sched_getaffinity(0)) - 1
+    options = dict(pool_options or {})
+    unit = options.get("size_unit_cores")
+    if unit is not None:
+        cluster_cores = len(os.sched_getaffinity(0)) - int(options.get("reserved_cores", 0))
+        free = math.floor(cluster_cores / unit + 1e-9) - 1  # units left beside the size-1 cluster
+    else:
+        free = len(os.sched_getaffinity(0)) - 1
     if free < 1:
-        raise ClusterPoolError("The live autoscaling experiment needs at least 2 cores (one to start on, one to add).")
+        raise ClusterPoolError("The live autoscaling experiment needs room for a second cluster (one to start on, "
+                               "one to add): more cores, or a smaller size unit.")
     sql, slo_ref, templates, mean_iso, table = live_setup(log)
     rate = load / mean_iso
     minimum_s = minimum_s_factor * mean_iso
@@ -273,11 +285,13 @@ def live_autoscale_experiment(
                     on_progress(name, done, total)
 
             outcome = run_live(db_path, queries, [("c0", 1)], router, minimum_s=minimum_s, sql_by_template=sql,
-                               on_progress=progress, autoscaler=autoscaler, warmup_s=warmup_s)
+                               on_progress=progress, autoscaler=autoscaler, warmup_s=warmup_s,
+                               pool_options=pool_options)
             results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost,
                              "spin_ups": sum(e["event"] == "spin_up" for e in outcome.events),
                              "events": outcome.events}
-    return {"live": True, "lambda": rate, "load": load, "kappa": kappa, "clusters": [1], "results": results,
+    return {"live": True, "lambda": rate, "load": load, "kappa": kappa, "clusters": [1], "pool": options,
+            "candidate_sizes": list(sizes), "results": results,
             "baseline": "no-op",
             "mean_delta": mean_delta([{k: {"vr": v["vr"], "cost": v["cost"]} for k, v in results.items()}], "no-op"),
             "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "n_queries": len(queries),

@@ -218,6 +218,8 @@ def experiment_trigger_cmd(
                               "overload, Iconq+ router alone vs with the Autoscaler (real spin-ups)."),
     db: Path | None = typer.Option(None, "--db", help="With --live: the TPC-H database (default: SF 1)."),
     warmup_s: float = typer.Option(1.0, help="With --live: warm-up added to every real spin-up."),
+    live_budgets: bool = typer.Option(False, "--live-budgets/--live-pinned", help="With --live: sizes as CPU "
+                                      "budgets (warehouse.size_unit_cores) beside the controller's reserved core."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Spinup trigger (Table 4): no-op, Queue@N, observed-only and observed+projected (ours)."""
@@ -234,7 +236,8 @@ def experiment_trigger_cmd(
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
     router = cli_router(cfg, predictor, frame)
     result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, seed=seed, slo_margin=router.slo_margin,
-                                       cost_tolerance=router.cost_tolerance, warmup_s=warmup_s)
+                                       cost_tolerance=router.cost_tolerance, warmup_s=warmup_s,
+                                       pool_options=cfg.warehouse.pool_options() if live_budgets else None)
     if as_json:
         typer.echo(json.dumps(result))
         return

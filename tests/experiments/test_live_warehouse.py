@@ -38,3 +38,14 @@ def test_paired_rounds_counts_rounds_and_bootstraps_the_pooled_change():
     assert (out["lower"], out["equal"], out["higher"]) == (1, 1, 1)
     assert out["ci90"][0] < 0 < out["ci90"][1]
     assert paired_rounds([rnd(0.0, 0.0)], "router", "rr")["ci90"] is None  # no baseline violation to compare
+
+
+def test_live_autoscaling_needs_room_for_a_second_budgeted_cluster(tmp_path):
+    import os
+
+    from sloctl.core.errors import ClusterPoolError
+    from sloctl.experiments.live_warehouse import live_autoscale_experiment
+
+    whole_cores = {"size_unit_cores": float(len(os.sched_getaffinity(0))), "reserved_cores": 0}
+    with pytest.raises(ClusterPoolError, match="room for a second cluster"):
+        live_autoscale_experiment(tmp_path / "unused.duckdb", None, None, pool_options=whole_cores)
