@@ -166,16 +166,17 @@ class DuckDBClusterPool:
     def _allocate(self, size: int) -> tuple[tuple[int, ...], bool]:
         if self._budgets is not None:
             return self._allocate_budget(size)
+        needed = size
         if self.size_unit_cores is not None:  # budgets asked for, not enforceable: pin the budget rounded up
-            size = max(1, math.ceil(self.budget_cores(size) - 1e-9))
+            needed = max(1, math.ceil(self.budget_cores(size) - 1e-9))
         live = [c for c in self._clusters.values() if c.state in ("starting", "ready")]
         used = {core for c in live for core in c.cores}
         free = [core for core in self._cores if core not in used]
-        if size <= len(free):
-            return tuple(free[:size]), False
+        if needed <= len(free):
+            return tuple(free[:needed]), False
         if not self.allow_oversubscribe:
             raise ClusterPoolError(
-                f"A cluster of size {size} needs {size} free cores, but only {len(free)} of the "
+                f"A cluster of size {size} needs {needed} free cores, but only {len(free)} of the "
                 f"{len(self._cores)} cores this pool may use are free "
                 f"({sum(len(c.cores) for c in live)} held by {len(live)} running cluster(s)). "
                 "Tear a cluster down, use smaller sizes, or allow oversubscription "
@@ -185,7 +186,7 @@ class DuckDBClusterPool:
         for c in live:
             for core in c.cores:
                 load[core] += 1
-        chosen = sorted(self._cores, key=lambda core: (load[core], core))[: min(size, len(self._cores))]
+        chosen = sorted(self._cores, key=lambda core: (load[core], core))[: min(needed, len(self._cores))]
         for c in live:
             if set(c.cores) & set(chosen):
                 c.oversubscribed = True

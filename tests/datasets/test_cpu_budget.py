@@ -97,6 +97,9 @@ def test_without_writable_cgroups_the_pool_pins_the_rounded_budget_and_says_so_o
         pool.submit(cluster, QueryRequest(1, "SELECT 42", None))
         (done,) = pool.completions(timeout_s=60)
         assert done.cpu_budget == 1.0
+        too_big = 4 * len(os.sched_getaffinity(0)) + 1  # more whole cores than the machine has
+        with pytest.raises(ClusterPoolError, match=rf"A cluster of size {too_big} needs {math.ceil(too_big / 4)} free"):
+            pool.spin_up(too_big)  # the refusal names the size asked for
     assert len(said) == 1 and said[0].startswith("warning:")
     with pytest.raises(ClusterPoolError, match="budget_mode 'cgroup'"):
         DuckDBClusterPool(tpch_db, size_unit_cores=0.25, budget_mode="cgroup")
