@@ -3,6 +3,7 @@
 Usage:
     python tools/record_experiments.py prepare WORKDIR   # synthetic log + tiny Iconq+ bundle (once)
     python tools/record_experiments.py run WORKDIR OUTDIR [NAME ...]  # every (or the named) experiment, seed 0
+    (history and the simulated day need ../shared/data/redset_serverless_hourly.parquet, or SLOCTL_SHARED)
     diff -r BEFORE AFTER
 
 ``prepare`` is run once, before the change; ``run`` before and after it on the
@@ -16,14 +17,15 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOCTL = [sys.executable, "-m", "sloctl.cli"]
-HOURLY = next((p for p in (ROOT.parent / "shared" / "data" / "redset_serverless_hourly.parquet",
-               Path("/work/shared/data/redset_serverless_hourly.parquet")) if p.is_file()), None)
+# the Redset hourly contour beside the checkout (``../shared/data``); SLOCTL_SHARED names another shared folder
+HOURLY = Path(os.environ.get("SLOCTL_SHARED", ROOT.parent / "shared")) / "data" / "redset_serverless_hourly.parquet"
 
 
 def _first(*names: str):
@@ -85,9 +87,12 @@ def run(work: Path, out: Path, names: list[str]) -> None:
                         "0.5,1.5", "--seed", "0", "--duration-s", "60"],
     }
     for name, args in commands.items():
+        if name in ("history", "day") and not HOURLY.is_file():
+            print(f"skipped {name}: no Redset hourly contour at {HOURLY} (set SLOCTL_SHARED)")
+            continue
         if not names or name in names:
             _cli(args, out / f"{name}.json", work)
-    if names and "day" not in names:
+    if (names and "day" not in names) or not HOURLY.is_file():
         return
     # the simulated day of `make demo` (no CLI of its own), on the shared contour wherever the code lives
     import pandas as pd
