@@ -235,10 +235,11 @@ class Runtime:
         self.online, self.router, self.route_templates = built.online, built.router, built.templates
         self.router_margin = built.margin
         self.router_kind = kind
+        self.pool.router = self.router  # the pool's step routes with the router in force
         if self.online is not None:  # running queries move over to the new model
             for r in sorted(self.running.values(), key=lambda r: r.arrival_wall):
                 c = self.clusters[r.cluster_id]
-                r.predicted_s = self.online.commit(r.query_id, r.template, r.arrival_wall - self.wall0, r.slo_s,
+                r.predicted_s = self.online.commit(r.query_id, r.template, r.arrival_s, r.slo_s,
                                                    c.cluster_id, c.size, self.now_s())
 
     def _build_admission(self) -> None:
@@ -301,7 +302,6 @@ class Runtime:
                 raise RuntimeError_("the pool has no cluster to route to", status=409)
             now = self.now_s()
             started = time.perf_counter()
-            self.pool.router = self.router
             decision = self.pool.route(Query(query_id, template, now, slo_s), now)
             decision_ms = (time.perf_counter() - started) * 1e3
             cluster = self.pool.clusters[decision.cluster_id].state
@@ -324,7 +324,6 @@ class Runtime:
             if query_id not in self.pool.running:
                 raise RuntimeError_(f"query {query_id} is not running", status=404, field="query_id")
             now = self.now_s()
-            self.pool.router = self.router
             r = self.pool.complete(query_id, now)
             violated = status != "ok" or latency_s > r.query.slo_s
             self.completed += 1
