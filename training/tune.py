@@ -66,7 +66,7 @@ def _stage_trial(trial: Any, log: pd.DataFrame, cfg: SloctlConfig) -> float:
                 raise optuna.TrialPruned()
 
     result = train_stage(log, stage, val_fraction=cfg.iconq.val_fraction, test_fraction=cfg.iconq.test_fraction,
-                         seed=cfg.iconq.seed, callbacks=[report])
+                         seed=cfg.iconq.seed, callbacks=[report], risk_quantile=None)
     return result.metrics["val_isolated_q_error_p90"]
 
 
@@ -85,7 +85,8 @@ def _iconq_trial(trial: Any, log: pd.DataFrame, cfg: SloctlConfig, max_epochs: i
         max_epochs=max_epochs,
     )
     pruning = OptunaPruning(trial)
-    result = train_iconq(log, cfg.stage, iconq, callbacks=[pruning])
+    # a trial's model is scored, not served: no router margin to calibrate
+    result = train_iconq(log, cfg.stage, iconq, callbacks=[pruning], risk_quantile=None)
     if pruning.pruned:
         raise optuna.TrialPruned()
     return result.metrics["val_q_error_p90"]
