@@ -14,6 +14,10 @@ finished query — and run unchanged in simulation and live.
   the query's isolated (Stage) latency meets its SLO, cheapest marginal cost
   first.
 * :class:`RoundRobinRouter`: cycles through the clusters.
+* :class:`RouterGuard`: the Iconq+ router's safety net. It falls back to
+  load-based placement (fewest running queries per size unit) while the
+  model's recent error is high, or where the model's pick would take a
+  cluster past the concurrency its training log ever showed (its support).
 * :class:`ShadowRoundRobinRouter`: round-robin placements while the Iconq+
   router's inference runs on every arrival and completion, so that a live
   comparison charges both sides the same predictor CPU time.
@@ -21,6 +25,8 @@ finished query — and run unchanged in simulation and live.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,10 +36,12 @@ from sloctl.control.billing import BillingTimer
 
 __all__ = [
     "ClusterState",
+    "GuardState",
     "IconqRouter",
     "Query",
     "RoundRobinRouter",
     "RouteDecision",
+    "RouterGuard",
     "ShadowRoundRobinRouter",
     "Router",
     "StageCostRouter",
@@ -65,12 +73,15 @@ class RouteDecision:
     """The chosen cluster and why.
 
     ``explanation`` maps each cluster id to its predicted latency for the
-    query, violations before / after, and marginal cost.
+    query, violations before / after, and marginal cost. ``fallback`` is
+    ``None`` when the model decided, else why the :class:`RouterGuard` placed
+    the query by load instead (``"error"`` or ``"support"``).
     """
 
     cluster_id: str
     predicted_s: float
     explanation: dict[str, dict[str, float]] = field(default_factory=dict)
+    fallback: str | None = None
 
 
 class Router(Protocol):
@@ -104,6 +115,112 @@ def _cost_after(cluster: ClusterState, now_s: float, drain_s: float) -> float:
     return cluster.price_per_unit_s * cluster.size * cluster.timer.projected_with_arrival(now_s, drain_s)
 
 
+@dataclass(frozen=True)
+class RouterGuard:
+    """When the Iconq+ router stops trusting its model (settings; see :class:`GuardState`).
+
+    A router that trusts a wrong model does worse than round-robin: when the
+    model under-predicts, the router piles queries onto the cluster it thinks
+    is cheap, the cluster's concurrency rises past anything the model was
+    trained on, and the under-prediction grows with it. Two checks catch it:
+
+    * **error**: the median of actual / predicted latency (predicted at
+      routing time) over the last ``window`` finished queries exceeds
+      ``max_ratio`` (once ``min_samples`` have finished);
+    * **support**: the model's pick is a cluster of size ``s`` already
+      running more queries than the training log ever showed running on a
+      size-``s`` cluster when a query arrived (``support[s]``; sizes the log
+      lacks scale from the nearest smaller size it has, else are not
+      checked).
+
+    Either one places the query by load: on the cluster with the fewest
+    running queries per size unit (ties: the larger cluster, then the order
+    given). The model still tracks the query, so its error keeps being
+    measured and the guard lets go once the error falls back.
+
+    Attributes:
+        max_ratio: median actual / predicted above which the model is not trusted.
+        window: finished queries in the moving window.
+        min_samples: finished queries needed before the error check can fire.
+        support: training log's largest running count per size; ``None`` or
+            empty turns the support check off.
+    """
+
+    max_ratio: float = 2.0
+    window: int = 32
+    min_samples: int = 8
+    support: Mapping[int, int] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.max_ratio > 1.0:
+            raise ValueError(f"The 'max_ratio' parameter must be > 1, got {self.max_ratio!r}.")
+        if self.window < 1 or not 1 <= self.min_samples <= self.window:
+            raise ValueError(f"Expected window >= 1 and 1 <= min_samples <= window, got window={self.window!r}, "
+                             f"min_samples={self.min_samples!r}.")
+        for size, count in (self.support or {}).items():
+            if int(size) < 1 or int(count) < 0:
+                raise ValueError(f"The 'support' parameter maps sizes >= 1 to running counts >= 0, got "
+                                 f"{size!r}: {count!r}.")
+
+    def limit(self, size: int) -> float:
+        """Most running queries the training log showed on a cluster of ``size`` (inf: unchecked)."""
+        if not self.support:
+            return float("inf")
+        support = {int(k): int(v) for k, v in self.support.items()}
+        if size in support:
+            return float(support[size])
+        smaller = [s for s in support if s < size]
+        if not smaller:
+            return float("inf")
+        nearest = max(smaller)
+        return float(int(support[nearest] * size / nearest))
+
+
+class GuardState:
+    """A :class:`RouterGuard` at work: the moving error window and how often it fired."""
+
+    def __init__(self, settings: RouterGuard) -> None:
+        self.settings = settings
+        self._ratios: deque[float] = deque(maxlen=settings.window)
+        self._pending: dict[int, tuple[float, float]] = {}
+        self.routes = 0
+        self.fallbacks = {"error": 0, "support": 0}
+
+    def error_high(self) -> bool:
+        """Whether the recent median actual / predicted exceeds ``max_ratio``."""
+        if len(self._ratios) < self.settings.min_samples:
+            return False
+        return float(np.median(self._ratios)) > self.settings.max_ratio
+
+    def recent_ratio(self) -> float | None:
+        return float(np.median(self._ratios)) if self._ratios else None
+
+    def placed(self, query_id: int, arrival_s: float, predicted_s: float, fallback: str | None) -> None:
+        self.routes += 1
+        if fallback is not None:
+            self.fallbacks[fallback] += 1
+        if predicted_s > 0 and np.isfinite(predicted_s):
+            self._pending[query_id] = (arrival_s, predicted_s)
+
+    def finished(self, query_id: int, now_s: float) -> None:
+        pending = self._pending.pop(query_id, None)
+        if pending is not None:
+            arrival, predicted = pending
+            self._ratios.append(max(now_s - arrival, 0.0) / predicted)
+
+    def summary(self) -> dict[str, Any]:
+        """Routes, fallbacks by reason, the fallback rate and the window's median actual / predicted."""
+        fired = sum(self.fallbacks.values())
+        return {"routes": self.routes, "fallbacks": dict(self.fallbacks),
+                "fallback_rate": fired / self.routes if self.routes else 0.0,
+                "recent_ratio": self.recent_ratio()}
+
+
+def load_based(clusters: list[ClusterState], running: Mapping[str, int]) -> ClusterState:
+    """The cluster with the fewest running queries per size unit (ties: larger, then first)."""
+    return min(clusters, key=lambda c: ((running[c.cluster_id] + 1) / c.size, -c.size))
+
+
 class IconqRouter:
     """Concurrency-aware, cost-aware routing (AutoSLO Algorithm 1).
 
@@ -113,18 +230,50 @@ class IconqRouter:
             exceeds ``(1 - slo_margin) × SLO``; 0 is the paper's rule. A
             margin hedges against neighbours that have not arrived yet, which
             a prediction made at routing time cannot see.
+        cost_tolerance: marginal costs within this many minimum billing
+            windows count as equal.
+        guard: when to distrust the model and place by load
+            (:class:`RouterGuard`); ``None``: always trust it (the paper's
+            router). ``guard_state.summary()`` says how often it fired.
     """
 
     name = "iconq+cost"
 
-    def __init__(self, model: OnlineModel, slo_margin: float = 0.0, cost_tolerance: float = 0.0) -> None:
+    def __init__(self, model: OnlineModel, slo_margin: float = 0.0, cost_tolerance: float = 0.0,
+                 guard: RouterGuard | None = None) -> None:
         self.model = model
         self.slo_margin = slo_margin
         self.cost_tolerance = cost_tolerance
+        self.guard = guard
+        self.guard_state = GuardState(guard) if guard is not None else None
 
     def route(self, query: Query, clusters: list[ClusterState], now_s: float) -> RouteDecision:
         if not clusters:
             raise ValueError("No active cluster to route to.")
+        state = self.guard_state
+        if state is not None and state.error_high():
+            return self._place_by_load(query, clusters, now_s, "error", {})
+        best, explanation = self._model_choice(query, clusters, now_s)
+        if state is not None and len(self.model.running_on(best.cluster_id)) > state.settings.limit(best.size):
+            return self._place_by_load(query, clusters, now_s, "support", explanation)
+        predicted = self.model.commit(query.query_id, query.template, query.arrival_s, query.slo_s,
+                                      best.cluster_id, best.size, now_s)
+        if state is not None:
+            state.placed(query.query_id, query.arrival_s, predicted, None)
+        return RouteDecision(best.cluster_id, predicted, explanation)
+
+    def _place_by_load(self, query: Query, clusters: list[ClusterState], now_s: float, reason: str,
+                       explanation: dict[str, dict[str, float]]) -> RouteDecision:
+        running = {c.cluster_id: len(self.model.running_on(c.cluster_id)) for c in clusters}
+        chosen = load_based(clusters, running)
+        predicted = self.model.commit(query.query_id, query.template, query.arrival_s, query.slo_s,
+                                      chosen.cluster_id, chosen.size, now_s)
+        self.guard_state.placed(query.query_id, query.arrival_s, predicted, reason)
+        return RouteDecision(chosen.cluster_id, predicted, explanation, fallback=reason)
+
+    def _model_choice(self, query: Query, clusters: list[ClusterState], now_s: float
+                      ) -> tuple[ClusterState, dict[str, dict[str, float]]]:
+        """Algorithm 1: fewest marginal violations, then lowest marginal cost (within the tolerance)."""
         sizes = {c.cluster_id: c.size for c in clusters}
         options = self.model.counterfactuals(query.template, query.arrival_s, sizes, now_s)
         best, best_key, explanation = None, None, {}
@@ -149,11 +298,11 @@ class IconqRouter:
                                          "violations_after": v_after, "marginal_cost": marginal_cost}
             if best_key is None or key < best_key:
                 best, best_key = c, key
-        predicted = self.model.commit(query.query_id, query.template, query.arrival_s, query.slo_s,
-                                      best.cluster_id, best.size, now_s)
-        return RouteDecision(best.cluster_id, predicted, explanation)
+        return best, explanation
 
     def on_complete(self, query_id: int, now_s: float) -> None:
+        if self.guard_state is not None:
+            self.guard_state.finished(query_id, now_s)
         self.model.complete(query_id)
 
 

@@ -199,6 +199,16 @@ class RouterSection:
             placement that adds the least predicted latency.
         price_per_unit_s: price of one size unit per second.
         minimum_s: billing minimum window ``m`` (60 s on cloud warehouses).
+        guard: place queries by load while the model is not to be trusted
+            (``sloctl.control.router.RouterGuard``): its recent error is
+            high, or its pick runs more queries than its training log showed.
+        guard_max_ratio: the error check fires while the median of actual /
+            predicted latency over the last ``guard_window`` finished queries
+            exceeds this.
+        guard_window: finished queries in the error window.
+        guard_min_samples: finished queries needed before the error check fires.
+        guard_support: also check the model's concurrency support (recorded
+            in the model bundle at training; older bundles have none).
     """
 
     slo_margin: float | None = None
@@ -206,6 +216,11 @@ class RouterSection:
     cost_tolerance: float = 3.0
     price_per_unit_s: float = 1.0
     minimum_s: float = 60.0
+    guard: bool = True
+    guard_max_ratio: float = 2.0
+    guard_window: int = 32
+    guard_min_samples: int = 8
+    guard_support: bool = True
 
 
 @dataclass(frozen=True)

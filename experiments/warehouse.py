@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sloctl.control.autoscaler import Autoscaler, QueueTrigger, RelativeAutoscalerSettings, SpinupTrigger
-from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, StageCostRouter
+from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, RouterGuard, StageCostRouter
 from sloctl.datasets.slo import slo_baselines
 from sloctl.datasets.tpc import Template
 from sloctl.datasets.workloads import base_workload
@@ -58,6 +58,8 @@ class RouterExperimentConfig:
         seed: seed of workloads and service-time noise.
         slo_margin, cost_tolerance: the Iconq+ router's settings (see
             :class:`~sloctl.config.RouterSection`).
+        guard: the Iconq+ router's guard (``None``: always trust the model);
+            each scenario reports how often it fired.
     """
 
     loads: tuple[float, ...] = (0.6, 0.85)
@@ -68,13 +70,15 @@ class RouterExperimentConfig:
     seed: int = 0
     slo_margin: float = 0.3
     cost_tolerance: float = 3.0
+    guard: RouterGuard | None = None
 
 
 def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dict[str, dict[str, float]]:
     """Mean relative change of VR and cost against ``baseline`` (−0.478 = 47.8% lower).
 
     Scenarios where the baseline's value is 0 have no relative change and are
-    left out of that mean (``n_vr`` / ``n_cost`` say how many counted).
+    left out of that mean (``n_vr`` / ``n_cost`` say how many counted);
+    ``worst_vr`` is the largest relative change of VR among them.
     """
     out: dict[str, dict[str, float]] = {}
     for approach in results[0]:
@@ -88,6 +92,7 @@ def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dic
                     deltas[metric].append(r[approach][metric] / base - 1.0)
         out[approach] = {m: float(np.mean(v)) if v else 0.0 for m, v in deltas.items()}
         out[approach].update({f"n_{m}": len(v) for m, v in deltas.items()})
+        out[approach]["worst_vr"] = float(max(deltas["vr"])) if deltas["vr"] else 0.0
     return out
 
 
@@ -155,7 +160,7 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                     "round-robin": RoundRobinRouter(),
                     "stage+cost": StageCostRouter(OnlinePredictor(predictor, table, use_iconq=False)),
                     "iconq+cost": IconqRouter(OnlinePredictor(predictor, table), slo_margin=cfg.slo_margin,
-                                              cost_tolerance=cfg.cost_tolerance),
+                                              cost_tolerance=cfg.cost_tolerance, guard=cfg.guard),
                 }
                 results = {}
                 for name, router in routers.items():
@@ -164,6 +169,8 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                     results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost}
                     if name == "iconq+cost":
                         predicted_vs_world.append(outcome.queries[["predicted_s", "latency_s"]])
+                        if router.guard_state is not None:
+                            results[name]["guard"] = router.guard_state.summary()
                 scenario = {"lambda": rate, "load": load, "kappa": kappa, "clusters": list(sizes_set),
                             "results": results}
                 scenarios.append(scenario)
@@ -209,6 +216,7 @@ class ScalingExperimentConfig:
     seed: int = 0
     slo_margin: float = 0.3
     cost_tolerance: float = 3.0
+    guard: RouterGuard | None = None
 
     def autoscaler_settings(self) -> RelativeAutoscalerSettings:
         """The autoscaler knobs of this experiment (in units of the mean isolated latency)."""
@@ -234,7 +242,7 @@ def scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig):
 def _run_scaling(kind: str, approach: str, world, predictor, table, queries, start_size: int, cfg, mean_iso: float):
 
     def make_router(model):
-        return IconqRouter(model, slo_margin=cfg.slo_margin, cost_tolerance=cfg.cost_tolerance)
+        return IconqRouter(model, slo_margin=cfg.slo_margin, cost_tolerance=cfg.cost_tolerance, guard=cfg.guard)
 
     router = make_router(OnlinePredictor(predictor, table))
     scaled = autoscaler_config(cfg, mean_iso)
@@ -249,7 +257,7 @@ def _run_scaling(kind: str, approach: str, world, predictor, table, queries, sta
         last = out.queries.sort_values("arrival_s").iloc[int(0.8 * n):]
         return {"vr": float(last["violated"].mean()), "cost": out.cost_since(int(0.8 * n)),
                 "_predictions": out.queries[["predicted_s", "latency_s"]],
-                "clusters": sorted(set(out.queries["cluster_size"].astype(int)))}
+                "clusters": sorted(set(out.queries["cluster_size"].astype(int))), **_guard(router)}
     trigger = {"no-op": None, "queue": QueueTrigger(cfg.queue_n),
                "observed": SpinupTrigger(cfg.theta, cfg.tau_trigger, observed_only=True),
                "ours": SpinupTrigger(cfg.theta, cfg.tau_trigger)}[approach]
@@ -259,7 +267,12 @@ def _run_scaling(kind: str, approach: str, world, predictor, table, queries, sta
                              autoscaler=autoscaler)
     out = sim.run(queries)
     return {"vr": out.violation_rate, "cost": out.cost, "_predictions": out.queries[["predicted_s", "latency_s"]],
-            "spin_ups": sum(e["event"] == "spin_up" for e in out.events)}
+            "spin_ups": sum(e["event"] == "spin_up" for e in out.events), **_guard(router)}
+
+
+def _guard(router: IconqRouter) -> dict[str, Any]:
+    """``{"guard": summary}`` when the router has a guard, else nothing."""
+    return {"guard": router.guard_state.summary()} if router.guard_state is not None else {}
 
 
 def scaling_experiment(kind: str, log: pd.DataFrame, predictor: LatencyPredictor,

@@ -13,6 +13,11 @@ choose the margin that covers a stated quantile of that ratio
 (``risk_quantile``; 0.75 keeps three in four queries within their SLO when the
 prediction says they are exactly at it).
 
+The same pass records the model's **concurrency support**: per cluster size,
+the most queries the log ever showed running when a query arrived. Beyond it
+the model extrapolates, and the router's guard (``RouterGuard``) stops
+trusting it there.
+
 Pure computation on a predictor and a log, so that training (which stores the
 margin in the model bundle) and the registry (which builds routers, and
 calibrates on a log when an older bundle has no margin) share it.
@@ -30,7 +35,8 @@ if TYPE_CHECKING:
 
     from sloctl.models.predictor import LatencyPredictor
 
-__all__ = ["MarginCalibration", "arrival_time_ratios", "calibrate_slo_margin"]
+__all__ = ["MarginCalibration", "arrival_time_ratios", "calibrate_slo_margin", "concurrency_support",
+           "running_at_arrival"]
 
 
 @dataclass(frozen=True)
@@ -42,20 +48,60 @@ class MarginCalibration:
     ratio_at_quantile: float
     ratio_p50: float
     queries: int
+    concurrency_support: dict[int, int] | None = None
 
     def describe(self) -> str:
+        support = ""
+        if self.concurrency_support:
+            support = "; trained on up to " + ", ".join(
+                f"{n} running on size {s}" for s, n in sorted(self.concurrency_support.items()))
         return (f"router SLO margin {self.slo_margin:.3f}: at routing time the model under-predicts the log's "
                 f"latencies by a ratio p50 {self.ratio_p50:.2f}, q{self.risk_quantile:g} {self.ratio_at_quantile:.2f} "
-                f"({self.queries} queries)")
+                f"({self.queries} queries){support}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.concurrency_support is not None:
+            out["concurrency_support"] = {str(k): int(v) for k, v in self.concurrency_support.items()}
+        return out
 
     @classmethod
     def from_dict(cls, doc: dict[str, Any]) -> MarginCalibration:
         return cls(slo_margin=float(doc["slo_margin"]), risk_quantile=float(doc["risk_quantile"]),
                    ratio_at_quantile=float(doc["ratio_at_quantile"]), ratio_p50=float(doc["ratio_p50"]),
-                   queries=int(doc["queries"]))
+                   queries=int(doc["queries"]),
+                   concurrency_support=({int(k): int(v) for k, v in doc["concurrency_support"].items()}
+                                        if doc.get("concurrency_support") is not None else None))
+
+
+def running_at_arrival(log: pd.DataFrame) -> np.ndarray:
+    """For every row, how many queries of the same run were running on its cluster when it arrived.
+
+    A query counts as running from its arrival until ``arrival + latency``
+    (timed-out rows until they were stopped). Rows of different runs
+    (``run`` column, as ``sloctl log merge`` writes it) never overlap.
+    """
+    out = np.zeros(len(log), dtype=int)
+    if log.empty:
+        return out
+    keys = ["run", "cluster_id"] if "run" in log.columns else ["cluster_id"]
+    arrival_all = log["arrival_s"].to_numpy(dtype=float)
+    end_all = arrival_all + np.nan_to_num(log["latency_s"].to_numpy(dtype=float), nan=0.0)
+    for _, index in log.groupby(keys, sort=False).indices.items():
+        arrival, end = arrival_all[index], end_all[index]
+        started = np.searchsorted(np.sort(arrival), arrival, side="left")
+        ended = np.searchsorted(np.sort(end), arrival, side="right")
+        out[index] = started - ended
+    return out
+
+
+def concurrency_support(log: pd.DataFrame) -> dict[int, int]:
+    """Per cluster size, the most queries running at any arrival in ``log`` (the model's support)."""
+    if log.empty:
+        return {}
+    running = running_at_arrival(log)
+    sizes = log["cluster_size"].to_numpy(dtype=int)
+    return {int(s): int(running[sizes == s].max()) for s in np.unique(sizes)}
 
 
 def arrival_time_ratios(predictor: LatencyPredictor, log: pd.DataFrame) -> np.ndarray:
@@ -79,11 +125,13 @@ def calibrate_slo_margin(predictor: LatencyPredictor, log: pd.DataFrame, risk_qu
 
     Returns:
         The margin ``max(0, 1 − 1 / q)`` where ``q`` is that quantile of
-        actual / predicted, with the figures behind it.
+        actual / predicted, with the figures behind it and the log's
+        :func:`concurrency_support`.
     """
     if not 0.0 < risk_quantile < 1.0:
         raise ValueError(f"The 'risk_quantile' parameter must be in (0, 1), got {risk_quantile!r}.")
     ratios = arrival_time_ratios(predictor, log)
     q = float(np.quantile(ratios, risk_quantile))
     return MarginCalibration(slo_margin=max(0.0, 1.0 - 1.0 / q), risk_quantile=risk_quantile, ratio_at_quantile=q,
-                             ratio_p50=float(np.median(ratios)), queries=len(ratios))
+                             ratio_p50=float(np.median(ratios)), queries=len(ratios),
+                             concurrency_support=concurrency_support(log))

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter
+from sloctl.control.router import IconqRouter, RoundRobinRouter, RouterGuard, StageCostRouter
 from sloctl.models.calibration import MarginCalibration, calibrate_slo_margin
 from sloctl.models.online import OnlinePredictor
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from sloctl.models.predictor import LatencyPredictor
 
 __all__ = ["DEFAULT_SLO_MARGIN", "BuiltRouter", "MarginChoice", "build_router", "resolve_slo_margin",
-           "router_templates"]
+           "router_guard", "router_templates"]
 
 #: The margin used when neither the config, the model bundle nor a log gives one (with a warning):
 #: the value the runtime hard-coded before bundles carried a calibrated margin.
@@ -68,6 +68,8 @@ class BuiltRouter:
             ``"iconq"``: only the Iconq+ router uses one).
         cost_tolerance: ``router.cost_tolerance`` (the Iconq+ router's).
         templates: the template table routed with (``None`` for round-robin).
+        guard: the Iconq+ router's :class:`~sloctl.control.router.RouterGuard`
+            (``None``: off, or not an Iconq+ router).
     """
 
     router: Any
@@ -76,6 +78,7 @@ class BuiltRouter:
     margin: MarginChoice | None
     cost_tolerance: float
     templates: pd.DataFrame | None
+    guard: RouterGuard | None = None
 
     @property
     def slo_margin(self) -> float | None:
@@ -110,6 +113,27 @@ def resolve_slo_margin(predictor: LatencyPredictor, router: RouterSection, *, lo
     return MarginChoice(DEFAULT_SLO_MARGIN, "default")
 
 
+def router_guard(predictor: LatencyPredictor | None, router: RouterSection,
+                 margin: MarginChoice | None = None) -> RouterGuard | None:
+    """The Iconq+ router's guard under the ``router:`` settings (``None`` when ``router.guard`` is off).
+
+    The concurrency support comes from the margin's calibration when it has
+    one (a bundle's, or one calibrated on a log now), else from the model
+    bundle; without either the support check is off and only the error check runs.
+    """
+    if not router.guard:
+        return None
+    support = None
+    if router.guard_support:
+        for calibration in (margin.calibration if margin is not None else None,
+                            predictor.calibration if predictor is not None else None):
+            if calibration is not None and calibration.concurrency_support:
+                support = dict(calibration.concurrency_support)
+                break
+    return RouterGuard(max_ratio=router.guard_max_ratio, window=router.guard_window,
+                       min_samples=router.guard_min_samples, support=support)
+
+
 def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
                  templates: pd.DataFrame | None = None, log: pd.DataFrame | None = None, use_iconq: bool = True,
                  say: Callable[[str], None] | None = None) -> BuiltRouter:
@@ -125,6 +149,9 @@ def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
        log is given (what ``sloctl experiment`` did before bundles carried a
        margin; it still does for such older bundles) — said through ``say``;
     4. :data:`DEFAULT_SLO_MARGIN` (0.3), with a warning.
+
+    The Iconq+ router also gets the guard of :func:`router_guard` (falls
+    back to load-based placement while the model is not to be trusted).
 
     The template table (plan features per template) is ``templates`` when
     given (``sloctl serve --templates-log``, the log an experiment runs on),
@@ -154,5 +181,7 @@ def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
         return BuiltRouter(StageCostRouter(online), online, "stage", None, router.cost_tolerance, table)
     margin = resolve_slo_margin(predictor, router, log=log, say=say)
     online = OnlinePredictor(predictor, table)
-    return BuiltRouter(IconqRouter(online, slo_margin=margin.slo_margin, cost_tolerance=router.cost_tolerance),
-                       online, "iconq", margin, router.cost_tolerance, table)
+    guard = router_guard(predictor, router, margin)
+    return BuiltRouter(IconqRouter(online, slo_margin=margin.slo_margin, cost_tolerance=router.cost_tolerance,
+                                   guard=guard),
+                       online, "iconq", margin, router.cost_tolerance, table, guard)

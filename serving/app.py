@@ -89,6 +89,8 @@ class _Metrics:
         self.cost = Gauge("sloctl_accrued_cost", "Accrued cost of the pool.", registry=self.registry)
         self.version = Gauge("sloctl_model_version", "Registry version in use (0: none).", ["slot"],
                              registry=self.registry)
+        self.guard = Gauge("sloctl_router_guard_fallbacks", "Queries the Iconq+ router's guard placed by load "
+                           "since the router was built, by reason.", ["reason"], registry=self.registry)
 
 
 def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
@@ -255,6 +257,9 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         rt = runtime()
         for name, slot in rt.slots.items():
             metrics.version.labels(name).set(float(slot.version or 0))
+        guard = rt.guard_summary()
+        for reason in ("error", "support"):
+            metrics.guard.labels(reason).set(float(guard["fallbacks"][reason]) if guard else 0.0)
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")
@@ -266,7 +271,8 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         rt = holder.get("runtime")
         if rt is None:
             return _error(503, "starting")
-        return {"ready": True, "router": rt.router_kind, "models": {n: s.status() for n, s in rt.slots.items()}}
+        return {"ready": True, "router": rt.router_kind, "router_guard": rt.guard_summary(),
+                "models": {n: s.status() for n, s in rt.slots.items()}}
 
     @app.get("/", response_class=HTMLResponse)
     def status_page() -> str:

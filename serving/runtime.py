@@ -216,6 +216,11 @@ class Runtime:
                     self._build_admission()
         return swapped
 
+    def guard_summary(self) -> dict[str, Any] | None:
+        """How often the Iconq+ router's guard placed by load since the router was built (``None``: no guard)."""
+        state = getattr(self.router, "guard_state", None)
+        return state.summary() if state is not None else None
+
     def latency_model(self) -> str:
         """Which model routes now: iconq, stage or round-robin (the documented fallback order).
 
@@ -312,7 +317,8 @@ class Runtime:
             out = {"query_id": query_id, "cluster_id": cluster.cluster_id, "cluster_size": cluster.size,
                    "predicted_latency_s": predicted, "model": self.router_kind,
                    "model_version": self.slots[self.router_kind].version if self.router_kind != "round-robin"
-                   else None, "fallback": self.router_kind != "iconq", "decision_ms": decision_ms,
+                   else None, "fallback": self.router_kind != "iconq", "guard": decision.fallback,
+                   "decision_ms": decision_ms,
                    "explanation": {cid: {k: float(v) for k, v in e.items()} for cid, e in decision.explanation.items()}}
             self.decisions.append({"t": now, "query_id": query_id, "template": template,
                                    "cluster_id": cluster.cluster_id, "model": self.router_kind,

@@ -77,15 +77,16 @@ def experiment_router_cmd(
 
     router = cli_router(cfg, predictor, frame)
     experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
-                                        cost_tolerance=router.cost_tolerance)
+                                        cost_tolerance=router.cost_tolerance, guard=router.guard)
     result = router_experiment(frame, predictor, experiment, on_scenario=progress)
     if as_json:
         typer.echo(json.dumps(result))
         return
     _report_errors(result)
+    _report_guard(result)
     for approach, delta in result["mean_delta"].items():
         typer.echo(f"mean Δ vs {result['baseline']}: {approach:<12} VR {delta['vr']:+.1%} (over {delta['n_vr']} "
-                   f"scenarios with VR > 0)  cost {delta['cost']:+.1%}")
+                   f"scenarios with VR > 0; worst {delta['worst_vr']:+.1%})  cost {delta['cost']:+.1%}")
 
 
 def _report_errors(result: dict) -> None:
@@ -95,6 +96,22 @@ def _report_errors(result: dict) -> None:
          f"p90 {world['heldout_q_error']['p90']:.3f} (alpha {world['alpha']})")
     echo(f"policies' predictor (at routing time) vs the world: Q-error p50 {pred['p50']:.3f} p90 {pred['p90']:.3f}, "
          f"{pred.get('under_predicted', float('nan')):.0%} under-predicted")
+
+
+def _report_guard(result: dict) -> None:
+    """How often the Iconq+ router's guard placed queries by load, over all scenarios and approaches."""
+    routes, fallbacks = 0, {"error": 0, "support": 0}
+    for scenario in result["scenarios"]:
+        for outcome in scenario["results"].values():
+            guard = outcome.get("guard")
+            if guard:
+                routes += guard["routes"]
+                for reason, count in guard["fallbacks"].items():
+                    fallbacks[reason] = fallbacks.get(reason, 0) + count
+    if routes:
+        fired = sum(fallbacks.values())
+        echo(f"router guard: placed {fired} of {routes} queries by load ({fired / routes:.1%}; model error high "
+             f"{fallbacks['error']}, past its concurrency support {fallbacks['support']})")
 
 
 def _live_db(db: Path | None, cfg: SloctlConfig) -> Path:
@@ -181,15 +198,16 @@ def _scaling(kind: str, log: list[Path], model: str, copies: int, seed: int, as_
 
     router = cli_router(cfg, predictor, frame)
     experiment = ScalingExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
-                                         cost_tolerance=router.cost_tolerance)
+                                         cost_tolerance=router.cost_tolerance, guard=router.guard)
     result = scaling_experiment(kind, frame, predictor, experiment, on_scenario=progress)
     if as_json:
         typer.echo(json.dumps(result))
         return
     _report_errors(result)
+    _report_guard(result)
     for approach, delta in result["mean_delta"].items():
         typer.echo(f"mean Δ vs {result['baseline']}: {approach:<14} VR {delta['vr']:+.1%} (over {delta['n_vr']} "
-                   f"scenarios with VR > 0)  cost {delta['cost']:+.1%}")
+                   f"scenarios with VR > 0; worst {delta['worst_vr']:+.1%})  cost {delta['cost']:+.1%}")
 
 
 @experiment_app.command("sizer")
@@ -335,6 +353,58 @@ def experiment_history_cmd(
                              if not isinstance(v, dict | list)))
     for h, delta in result["summary"]["mean_delta_vs_H0"].items():
         typer.echo(f"mean Δ vs no history, {h}: VR {delta['vr']:+.1%}, cost {delta['cost']:+.1%}")
+
+
+@experiment_app.command("ablation")
+def experiment_ablation_cmd(
+    log: list[Path] = typer.Option(..., "--log", "-l", help=f"Query log to train and score on. {SEVERAL_LOGS_HELP}"),
+    seeds: str = typer.Option("0,1,2", help="Split and initialisation seeds, comma-separated."),
+    models: str = typer.Option("Stage,Iconq,+Size,+Censored,Iconq+", help="Models to run, comma-separated."),
+    max_epochs: int | None = typer.Option(None, help="Iconq epochs (config: iconq.max_epochs)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Latency-model ablation (§8.3.1): Stage, Iconq, +Size, +Censored, Iconq+ over seeds; held-out Q-error."""
+    import dataclasses
+
+    from sloctl.experiments.ablation import MODELS, STATS, ablation
+
+    cfg = load_cli_config(config)
+    try:
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated integers, got {seeds!r}", param_hint="--seeds") from None
+    if not seed_list:
+        raise typer.BadParameter("name at least one seed", param_hint="--seeds")
+    chosen = [m.strip() for m in models.split(",") if m.strip()]
+    if not chosen or any(m not in MODELS for m in chosen):
+        raise typer.BadParameter(f"expected some of {', '.join(MODELS)}; got {models!r}", param_hint="--models")
+    if max_epochs is not None and max_epochs < 1:
+        raise typer.BadParameter(f"must be >= 1; got {max_epochs}", param_hint="--max-epochs")
+    iconq = cfg.iconq if max_epochs is None else dataclasses.replace(cfg.iconq, max_epochs=max_epochs)
+    frame = read_logs(log)
+
+    def progress(run: dict) -> None:
+        echo(f"seed {run['seed']} {run['model']:<10} Q-error with neighbours p50 {run['concurrent']['p50']:.3f} "
+             f"p90 {run['concurrent']['p90']:.3f} p95 {run['concurrent']['p95']:.3f} "
+             f"(n={run['n']['concurrent']}) in {run['seconds']:.0f} s")
+
+    result = ablation(frame, cfg.stage, iconq, seed_list, models=chosen, on_result=progress)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    described = result["log"]
+    typer.echo(f"{described['queries']} queries on sizes {described['sizes']}, {described['censored']} censored; "
+               f"seeds {result['seeds']}; held-out test queries, mean [min-max] over seeds")
+    header = "".join(f"{scope + ' ' + s:>22}" for scope in ("with neighbours", "all") for s in STATS)
+    typer.echo(f"{'model':<11}{header}")
+    for label, scopes in result["summary"].items():
+        cells = "".join(f"{v['mean']:>9.3f} [{v['min']:.2f}-{v['max']:.2f}]"
+                        for scope in ("concurrent", "all") for v in (scopes[scope][s] for s in STATS))
+        typer.echo(f"{label:<11}{cells}")
+    if "iconq_plus_over_stage_p90" in result:
+        r = result["iconq_plus_over_stage_p90"]
+        typer.echo(f"Iconq+ p90 / Stage p90 (with neighbours): {r['mean']:.2f} [{r['min']:.2f}-{r['max']:.2f}]")
 
 
 @experiment_app.command("retry-live")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -80,3 +81,22 @@ def test_commit_stores_the_routers_counterfactual_step_instead_of_recomputing_it
     # a stale step (another arrival time) is not reused
     reused.counterfactuals(templates[0], 9.0, sizes, 9.0)
     assert reused.commit(99, templates[0], 9.5, 1.0, "a", 1, 9.5) > 0
+
+
+def test_router_experiment_reports_how_often_the_guard_fired(sim_log, iconq_plus):
+    from sloctl.control.router import RouterGuard
+
+    base = RouterExperimentConfig(loads=(0.8,), kappas=(2.0,), cluster_sets=((2, 1),), copies=2)
+    tight = dataclasses.replace(base, guard=RouterGuard(support={1: 0, 2: 0}))  # any queue is past support
+    (scenario,) = router_experiment(sim_log, iconq_plus, tight)["scenarios"]
+    guard = scenario["results"]["iconq+cost"]["guard"]
+    assert guard["routes"] > 0
+    assert guard["fallbacks"]["support"] > 0 and 0 < guard["fallback_rate"] <= 1
+    (unguarded,) = router_experiment(sim_log, iconq_plus, base)["scenarios"]
+    assert "guard" not in unguarded["results"]["iconq+cost"]
+
+
+def test_mean_delta_reports_the_worst_scenario():
+    results = [{"rr": {"vr": 0.5, "cost": 10.0}, "x": {"vr": 0.25, "cost": 12.0}},
+               {"rr": {"vr": 0.2, "cost": 10.0}, "x": {"vr": 0.3, "cost": 8.0}}]
+    assert mean_delta(results, "rr")["x"]["worst_vr"] == pytest.approx(0.5)

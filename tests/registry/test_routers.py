@@ -147,3 +147,17 @@ def test_train_iconq_cli_writes_a_bundle_with_the_margin(sim_log, tmp_path):
     assert "router SLO margin" in out.stderr
     loaded = load_predictor(tmp_path / "bundle")
     assert loaded.slo_margin == summary["slo_margin"] and set(loaded.templates["template"]) == set(sim_log["template"])
+
+
+def test_trained_bundle_carries_the_concurrency_support_and_the_router_its_guard(trained, sim_log, tmp_path):
+    from sloctl.models.calibration import concurrency_support
+
+    support = trained.predictor.calibration.concurrency_support
+    assert support == concurrency_support(sim_log) and support  # per size of the training log
+    loaded = load_predictor(save_predictor(trained.predictor, tmp_path / "bundle"))
+    built = build_router(loaded, RouterSection())
+    assert built.guard is not None and dict(built.guard.support) == support
+    assert built.router.guard == built.guard and built.router.guard_state.routes == 0
+    assert build_router(loaded, RouterSection(guard_support=False)).guard.support is None
+    assert build_router(loaded, RouterSection(guard=False)).router.guard is None
+    assert build_router(loaded, RouterSection(), use_iconq=False).guard is None  # Stage's router has none

@@ -69,6 +69,9 @@ def test_runtime_serves_every_endpoint_swaps_models_and_survives_a_restart(regis
         body = routed.json()
         assert routed.status_code == 200 and body["model"] == "iconq" and not body["fallback"]
         assert set(body["explanation"]) == {"c0", "c1"} and body["predicted_latency_s"] > 0
+        assert body["guard"] is None  # the model decided; the guard placed nothing by load
+        guard = client.get("/readyz").json()["router_guard"]
+        assert guard["routes"] == 1 and guard["fallbacks"] == {"error": 0, "support": 0}
         unknown = client.post("/v1/route", json={"query_id": 3, "template": "nope", "slo_s": 5.0}, headers=AUTH)
         assert unknown.status_code == 422 and unknown.json()["field"] == "template"
         predicted = client.post("/v1/predict", json={"template": template, "cluster_size": 2,
@@ -88,6 +91,7 @@ def test_runtime_serves_every_endpoint_swaps_models_and_survives_a_restart(regis
         assert client.get("/v1/retry-policy").status_code == 404
         metrics = client.get("/metrics").text
         assert "sloctl_decisions_total" in metrics and 'sloctl_model_version{slot="iconq"} 1.0' in metrics
+        assert 'sloctl_router_guard_fallbacks{reason="support"} 0.0' in metrics
         page = client.get("/")
         assert page.status_code == 200 and "sloctl controller runtime" in page.text
         # The demo workload replays through the service.

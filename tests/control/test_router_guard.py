@@ -1,0 +1,169 @@
+"""The Iconq+ router's guard: load-based placement while the model is not to be trusted."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sloctl.control.billing import BillingTimer
+from sloctl.control.router import ClusterState, IconqRouter, Query, RouterGuard, load_based
+from sloctl.models.calibration import MarginCalibration, concurrency_support, running_at_arrival
+from sloctl.models.online import Counterfactual
+
+
+@dataclass
+class Running:
+    query_id: int
+    arrival_s: float
+    slo_s: float
+    predicted_s: float
+
+
+class FakeModel:
+    """Counterfactuals chosen by the test: {cluster: (query_s, running_after_s)}; running queries are fixed."""
+
+    def __init__(self, answers, running=None):
+        self.answers = answers
+        self.running = running or {}
+
+    def counterfactuals(self, template, arrival_s, clusters, now_s):
+        out = {}
+        for cid in clusters:
+            query_s, after = self.answers[cid]
+            mine = self.running.get(cid, [])
+            out[cid] = Counterfactual(query_s, [r.query_id for r in mine],
+                                      np.array([r.predicted_s for r in mine]), np.array(after, dtype=float))
+        return out
+
+    def commit(self, query_id, template, arrival_s, slo_s, cluster_id, size, now_s):
+        return self.answers[cluster_id][0]
+
+    def complete(self, query_id):
+        pass
+
+    def running_on(self, cluster_id):
+        return self.running.get(cluster_id, [])
+
+
+def cluster(cid, size, busy_since=None):
+    timer = BillingTimer(minimum_s=60)
+    if busy_since is not None:
+        timer.query_arrived(busy_since)
+    return ClusterState(cid, size, timer)
+
+
+def _busy(n):
+    return [Running(i, 0.0, 100.0, 1.0) for i in range(n)]
+
+
+def test_router_without_guard_follows_the_model_past_any_concurrency():
+    running = {"cheap": _busy(10)}
+    model = FakeModel({"cheap": (1.0, [1.0] * 10), "idle": (1.0, [])}, running)
+    router = IconqRouter(model)
+    decision = router.route(Query(99, "t", 1.0, 5.0), [cluster("cheap", 1, 0.0), cluster("idle", 1)], 1.0)
+    assert decision.cluster_id == "cheap" and decision.fallback is None
+    assert router.guard_state is None
+
+
+def test_support_guard_places_by_load_when_the_pick_runs_more_than_training_showed():
+    # The model says "cheap" is fine with 10 running; training never saw more than 3 on size 1.
+    running = {"cheap": _busy(10)}
+    model = FakeModel({"cheap": (1.0, [1.0] * 10), "idle": (1.0, [])}, running)
+    router = IconqRouter(model, guard=RouterGuard(support={1: 3}))
+    decision = router.route(Query(99, "t", 1.0, 5.0), [cluster("cheap", 1, 0.0), cluster("idle", 1)], 1.0)
+    assert decision.cluster_id == "idle"
+    assert decision.fallback == "support"
+    assert decision.explanation["cheap"]["violations_after"] == 0  # the model's view is still explained
+    assert router.guard_state.summary()["fallbacks"] == {"error": 0, "support": 1}
+    assert router.guard_state.summary()["fallback_rate"] == 1.0
+
+
+def test_support_guard_lets_the_model_decide_inside_its_support():
+    running = {"cheap": _busy(2)}
+    model = FakeModel({"cheap": (1.0, [1.0] * 2), "idle": (1.0, [])}, running)
+    router = IconqRouter(model, guard=RouterGuard(support={1: 3}))
+    decision = router.route(Query(99, "t", 1.0, 5.0), [cluster("cheap", 1, 0.0), cluster("idle", 1)], 1.0)
+    assert decision.cluster_id == "cheap" and decision.fallback is None
+    assert router.guard_state.summary()["fallback_rate"] == 0.0
+
+
+def test_error_guard_fires_on_high_recent_error_and_lets_go_when_it_falls():
+    model = FakeModel({"a": (1.0, []), "b": (1.0, [])})
+    router = IconqRouter(model, guard=RouterGuard(max_ratio=2.0, window=4, min_samples=4))
+    clusters = [cluster("a", 1), cluster("b", 2)]
+    for i in range(4):  # predicted 1 s, took 3 s: ratio 3
+        router.route(Query(i, "t", float(i), 5.0), clusters, float(i))
+        router.on_complete(i, float(i) + 3.0)
+    assert router.guard_state.recent_ratio() == pytest.approx(3.0)
+    decision = router.route(Query(10, "t", 10.0, 5.0), clusters, 10.0)
+    assert decision.fallback == "error"
+    assert decision.cluster_id == "b"  # nothing running: the larger cluster has the least load per unit
+    # Queries placed by load are still predicted and measured: the model is right again (ratio 1).
+    router.on_complete(10, 11.0)  # window 3, 3, 3, 1: median 3
+    assert router.route(Query(11, "t", 11.0, 5.0), clusters, 11.0).fallback == "error"
+    router.on_complete(11, 12.0)  # window 3, 3, 1, 1: median 2, not above max_ratio
+    assert not router.guard_state.error_high()
+    assert router.route(Query(12, "t", 12.0, 5.0), clusters, 12.0).fallback is None
+    summary = router.guard_state.summary()
+    assert summary["routes"] == 7 and summary["fallbacks"] == {"error": 2, "support": 0}
+    assert summary["fallback_rate"] == pytest.approx(2 / 7)
+
+
+def test_error_guard_waits_for_min_samples():
+    model = FakeModel({"a": (1.0, [])})
+    router = IconqRouter(model, guard=RouterGuard(max_ratio=1.5, window=8, min_samples=3))
+    for i in range(2):
+        router.route(Query(i, "t", float(i), 5.0), [cluster("a", 1)], float(i))
+        router.on_complete(i, float(i) + 10.0)
+    assert not router.guard_state.error_high()
+    router.route(Query(5, "t", 5.0, 5.0), [cluster("a", 1)], 5.0)
+    router.on_complete(5, 15.0)
+    assert router.guard_state.error_high()
+
+
+def test_load_based_picks_fewest_running_per_size_unit():
+    small, big = cluster("small", 1), cluster("big", 4)
+    assert load_based([small, big], {"small": 0, "big": 3}).cluster_id == "big"  # 4/4 = 1 vs 1/1 = 1: larger wins
+    assert load_based([small, big], {"small": 0, "big": 4}).cluster_id == "small"  # 5/4 > 1/1
+
+
+def test_support_limit_scales_from_the_nearest_smaller_size():
+    guard = RouterGuard(support={1: 3, 2: 5})
+    assert guard.limit(2) == 5
+    assert guard.limit(4) == 10  # from size 2: 5 x 4/2
+    assert guard.limit(1) == 3
+    assert RouterGuard(support={2: 5}).limit(1) == float("inf")
+    assert RouterGuard().limit(1) == float("inf")
+
+
+@pytest.mark.parametrize("kwargs", [{"max_ratio": 1.0}, {"window": 0}, {"window": 4, "min_samples": 5},
+                                    {"support": {0: 3}}, {"support": {1: -1}}])
+def test_guard_settings_are_checked(kwargs):
+    with pytest.raises(ValueError):
+        RouterGuard(**kwargs)
+
+
+def test_running_at_arrival_counts_overlaps_per_run_and_cluster():
+    log = pd.DataFrame({
+        "run": [0, 0, 0, 0, 1],
+        "cluster_id": ["c1", "c1", "c1", "c2", "c1"],
+        "cluster_size": [1, 1, 1, 2, 1],
+        "arrival_s": [0.0, 1.0, 5.0, 1.5, 1.2],
+        "latency_s": [3.0, 1.0, 1.0, 1.0, 1.0],
+    })
+    # row 1 arrives at 1.0 while row 0 runs (0-3); row 2 at 5.0 finds nothing; other run and cluster never count.
+    assert running_at_arrival(log).tolist() == [0, 1, 0, 0, 0]
+    assert concurrency_support(log) == {1: 1, 2: 0}
+
+
+def test_calibration_round_trips_its_support():
+    calibration = MarginCalibration(0.2, 0.75, 1.25, 1.1, 100, concurrency_support={1: 3, 4: 12})
+    doc = calibration.to_dict()
+    assert doc["concurrency_support"] == {"1": 3, "4": 12}  # JSON keys
+    assert MarginCalibration.from_dict(doc) == calibration
+    old = {k: v for k, v in doc.items() if k != "concurrency_support"}  # a bundle written before
+    assert MarginCalibration.from_dict(old).concurrency_support is None
+    assert "12 running on size 4" in calibration.describe()
