@@ -453,8 +453,9 @@ class Autoscaler:
     fired the trigger, as the simulators need (seeded, no thread timing).
     With a ``sizer`` it runs as in AutoSLO, in the background (§6, §8.8.2):
     the trigger hands a snapshot to the sizer's worker and routing goes on;
-    the first arrival after the job finishes applies its spin-up. A trigger
-    firing while a job runs is coalesced (``sizer.coalesced``). Each finished
+    the first arrival after the job finishes applies its spin-up; a forced
+    decision (:meth:`force`) goes the same way. A trigger firing while a job
+    runs is coalesced (``sizer.coalesced``). Each finished
     job is recorded, with its decision and queue times, in the events that
     :meth:`take_events` hands to the pool.
 
@@ -496,9 +497,16 @@ class Autoscaler:
     def on_completion(self, query: Query, end_s: float) -> None:
         self.windows.add_completion(query, end_s)
 
-    def on_arrival(self, query: Query, clusters: list[ClusterView]) -> list[ScalingAction]:
-        """Record the arrival, run both triggers, take a finished background sizing; returns the actions to apply."""
-        now = query.arrival_s
+    def on_arrival(self, query: Query, clusters: list[ClusterView], now_s: float | None = None
+                   ) -> list[ScalingAction]:
+        """Record the arrival, run both triggers, take a finished background sizing; returns the actions to apply.
+
+        ``now_s`` is the driver's time of the decision (default: the query's
+        arrival, as in simulation). A live driver decides a little after the
+        scheduled arrival, and billing timers may already have seen a later
+        completion; deciding at the arrival would ask them to go back in time.
+        """
+        now = query.arrival_s if now_s is None else max(now_s, query.arrival_s)
         self.windows.add_arrival(query)
         actions: list[ScalingAction] = []
         if self.teardown:
@@ -525,7 +533,21 @@ class Autoscaler:
         return actions
 
     def force(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
-        """Scale now regardless of the triggers, inside the step (the size-selector experiment)."""
+        """Scale now regardless of the triggers (the size-selector experiment, §8.5).
+
+        Without a sizer the decision is made inside this call, as the
+        simulators need. With one (live drivers), an ``add`` or ``vertical``
+        decision takes the trigger's path: the Spinup Size Selector's job is
+        submitted on a snapshot taken now and routing goes on; the first
+        arrival after it finishes applies its spin-up (a ``sizing`` event
+        with ``triggered_s = now_s``). A forced decision while a job is under
+        way is coalesced into that job, whose result then stands for it.
+        ``horizontal`` and ``none`` decide inside this call (no simulation).
+        """
+        if (self.sizer is not None and self.mode in ("add", "vertical")
+                and len(clusters) < self.config.max_clusters):
+            self.sizer.submit(self.sizing_job(now_s, clusters), triggered_s=now_s)
+            return []
         return self.scale(now_s, clusters)
 
     def scale(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:

@@ -140,7 +140,7 @@ class ManagedPool:
         router: the :class:`~sloctl.control.router.Router`; may be replaced
             between calls (the runtime swaps models).
         autoscaler: optional :class:`~sloctl.control.autoscaler.Autoscaler`
-            (anything with ``on_arrival``, ``force`` and ``on_completion``;
+            (anything with ``on_arrival(query, clusters, now_s)``, ``force`` and ``on_completion``;
             ``take_events``, if it has one, adds to :attr:`events`).
         price_per_unit_s, minimum_s: billing of clusters the pool creates.
         backend: starts and stops clusters for the autoscaler's actions.
@@ -226,11 +226,13 @@ class ManagedPool:
         Args:
             query: the arrival (the autoscaler's windows record it).
             now_s: the driver's time.
-            force: also scale regardless of the triggers (the size-selector experiment).
+            force: also scale regardless of the triggers (the size-selector
+                experiment); an autoscaler sizing in the background applies
+                the forced spin-up at a later arrival, once its job is done.
         """
         if self.autoscaler is None:
             return []
-        actions = self.autoscaler.on_arrival(query, self.views(now_s))
+        actions = self.autoscaler.on_arrival(query, self.views(now_s), now_s)
         if force:
             actions = actions + self.autoscaler.force(now_s, self.views(now_s))
         take_events = getattr(self.autoscaler, "take_events", None)  # background sizings it finished

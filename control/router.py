@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from scipy.special import ndtr
 
 from sloctl.control.billing import BillingTimer
 
@@ -232,6 +233,14 @@ class IconqRouter:
             a prediction made at routing time cannot see.
         cost_tolerance: marginal costs within this many minimum billing
             windows count as equal.
+        violation_spread: ``σ``, the spread (log space) of actual /
+            predicted latency. Above 0, violations are counted softly: a
+            query counts ``Φ((log predicted − log((1 − slo_margin) × SLO)) / σ)``,
+            0.5 exactly at the hard rule's threshold, so that a query far past
+            it counts almost 1 and one just below it almost 0.5. 0 is the hard
+            count (the paper's rule).
+        count_quantum: soft marginal violations closer than this count as
+            equal (ties go on to cost, then added latency).
         guard: when to distrust the model and place by load
             (:class:`RouterGuard`); ``None``: always trust it (the paper's
             router). ``guard_state.summary()`` says how often it fired.
@@ -240,10 +249,17 @@ class IconqRouter:
     name = "iconq+cost"
 
     def __init__(self, model: OnlineModel, slo_margin: float = 0.0, cost_tolerance: float = 0.0,
-                 guard: RouterGuard | None = None) -> None:
+                 guard: RouterGuard | None = None, violation_spread: float = 0.0, count_quantum: float = 0.25) -> None:
+        if not (violation_spread >= 0 and np.isfinite(violation_spread)):
+            raise ValueError(f"The 'violation_spread' parameter must be a finite number >= 0, "
+                             f"got {violation_spread!r}.")
+        if not count_quantum > 0:
+            raise ValueError(f"The 'count_quantum' parameter must be > 0, got {count_quantum!r}.")
         self.model = model
         self.slo_margin = slo_margin
         self.cost_tolerance = cost_tolerance
+        self.violation_spread = violation_spread
+        self.count_quantum = count_quantum
         self.guard = guard
         self.guard_state = GuardState(guard) if guard is not None else None
 
@@ -284,8 +300,9 @@ class IconqRouter:
             arrival = np.array([r.arrival_s for r in running])
             elapsed = now_s - arrival
             before_s = np.maximum(cf.running_before_s, elapsed) if len(running) else cf.running_before_s
-            v_before = int(np.sum(before_s > slo))
-            v_after = int(np.sum(cf.running_after_s > slo)) + int(cf.query_s > query.slo_s * (1.0 - self.slo_margin))
+            v_before = self._violations(before_s, slo)
+            v_after = (self._violations(cf.running_after_s, slo)
+                       + self._violations(np.array([cf.query_s]), np.array([query.slo_s * (1.0 - self.slo_margin)])))
             drain_before = float(np.max(arrival + before_s)) if len(running) else now_s
             drain_after = max(float(np.max(arrival + cf.running_after_s)) if len(running) else now_s,
                               now_s + cf.query_s)
@@ -293,12 +310,23 @@ class IconqRouter:
             marginal_latency = cf.query_s + float(np.sum(cf.running_after_s - before_s)) if len(running) else cf.query_s
             quantum = self.cost_tolerance * c.price_per_unit_s * c.timer.minimum_s
             cost_key = round(marginal_cost / quantum) if quantum > 0 else marginal_cost
-            key = (v_after - v_before, cost_key, marginal_latency)
+            added = v_after - v_before
+            violation_key = round(added / self.count_quantum) if self.violation_spread > 0 else added
+            key = (violation_key, cost_key, marginal_latency)
             explanation[c.cluster_id] = {"predicted_s": cf.query_s, "violations_before": v_before,
                                          "violations_after": v_after, "marginal_cost": marginal_cost}
             if best_key is None or key < best_key:
                 best, best_key = c, key
         return best, explanation
+
+    def _violations(self, predicted_s: np.ndarray, threshold_s: np.ndarray) -> float:
+        """Queries predicted past their threshold: a count, or with ``violation_spread`` a soft count."""
+        if len(predicted_s) == 0:
+            return 0
+        if self.violation_spread <= 0:
+            return int(np.sum(predicted_s > threshold_s))
+        z = (np.log(np.maximum(predicted_s, 1e-12)) - np.log(threshold_s)) / self.violation_spread
+        return float(np.sum(ndtr(z)))
 
     def on_complete(self, query_id: int, now_s: float) -> None:
         if self.guard_state is not None:

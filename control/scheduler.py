@@ -406,8 +406,8 @@ class ScheduledSpinups:
     def force(self, now_s: float, clusters: list[Any]) -> list[ScalingAction]:
         return self.inner.force(now_s, clusters) if self.inner is not None else []
 
-    def on_arrival(self, query: Any, clusters: list[Any]) -> list[ScalingAction]:
-        actions = list(self.inner.on_arrival(query, clusters)) if self.inner is not None else []
+    def on_arrival(self, query: Any, clusters: list[Any], now_s: float | None = None) -> list[ScalingAction]:
+        actions = list(self.inner.on_arrival(query, clusters, now_s)) if self.inner is not None else []
         n = len(clusters) + sum(a.kind == "spin_up" for a in actions) - sum(a.kind == "tear_down" for a in actions)
         while self._next < len(self.spinups) and self.spinups[self._next].time_s <= query.arrival_s:
             spinup = self.spinups[self._next]

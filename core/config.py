@@ -209,6 +209,12 @@ class RouterSection:
         guard_min_samples: finished queries needed before the error check fires.
         guard_support: also check the model's concurrency support (recorded
             in the model bundle at training; older bundles have none).
+        soft_violations: count violations softly, with the spread of the
+            model's routing-time error calibrated on its training log
+            (``MarginCalibration.spread``): a query counts
+            ``Φ((log predicted − log threshold) / σ)`` instead of 0 or 1.
+            ``false`` (or a model without a calibration) counts 0 or 1, the
+            paper's rule.
     """
 
     slo_margin: float | None = None
@@ -221,6 +227,7 @@ class RouterSection:
     guard_window: int = 32
     guard_min_samples: int = 8
     guard_support: bool = True
+    soft_violations: bool = True
 
 
 @dataclass(frozen=True)

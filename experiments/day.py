@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
-from sloctl.control.router import IconqRouter, Query, RoundRobinRouter
+from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, RouterGuard
 from sloctl.datasets.analysis import save_figure
 from sloctl.datasets.tpc import Template
 from sloctl.datasets.workloads import contour_workload, hourly_counts
@@ -39,7 +39,8 @@ SHARED_HOURLY = Path(__file__).resolve().parents[2] / "shared" / "data" / "redse
 
 def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int = 24, hour_units: float = 40.0,
                   peak_load: float = 1.6, kappa: float = 3.0, seed: int = 0, contour_file: str | None = None,
-                  slo_margin: float = 0.3, cost_tolerance: float = 3.0) -> dict[str, Any]:
+                  slo_margin: float = 0.3, cost_tolerance: float = 3.0, guard: RouterGuard | None = None,
+                  violation_spread: float = 0.0) -> dict[str, Any]:
     """Run the day; returns totals and per-hour VR / cumulative cost per approach."""
 
     cfg = ScalingExperimentConfig(seed=seed, slo_margin=slo_margin, cost_tolerance=cost_tolerance)
@@ -60,7 +61,8 @@ def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int 
     scaled = autoscaler_config(cfg, mean_iso)
 
     def make_router(model: Any) -> IconqRouter:
-        return IconqRouter(model, slo_margin=slo_margin, cost_tolerance=cost_tolerance)
+        return IconqRouter(model, slo_margin=slo_margin, cost_tolerance=cost_tolerance, guard=guard,
+                           violation_spread=violation_spread)
 
     results: dict[str, Any] = {}
     for name in ("round-robin [1,1]", f"queue@{cfg.queue_n}", "autoslo"):

@@ -3,8 +3,9 @@
 :func:`live_router_experiment` compares round-robin with the Iconq+ router
 (AutoSLO Algorithm 1) on the same seeded arrivals, one fresh pool per router,
 in alternating rounds; :func:`paired_rounds` compares them round by round;
-:func:`live_autoscale_experiment` runs the spin-up trigger live. All of them
-drive :func:`sloctl.serving.live.run_live`, the live runner the product uses.
+:func:`live_autoscale_experiment` runs the spin-up trigger, or a forced decision of
+the Spinup Size Selector, live. All of them drive
+:func:`sloctl.serving.live.run_live`, the live runner the product uses.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
-from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, ShadowRoundRobinRouter, StageCostRouter
+from sloctl.control.router import (
+    IconqRouter,
+    Query,
+    RoundRobinRouter,
+    RouterGuard,
+    ShadowRoundRobinRouter,
+    StageCostRouter,
+)
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.tpc import Template
 from sloctl.datasets.workloads import base_workload
@@ -43,6 +51,8 @@ def live_router_experiment(
     seed: int = 0,
     slo_margin: float = 0.3,
     cost_tolerance: float = 3.0,
+    guard: RouterGuard | None = None,
+    violation_spread: float = 0.0,
     minimum_s_factor: float = 5.0,
     rounds: int = 3,
     shadow_baseline: bool = True,
@@ -123,7 +133,8 @@ def live_router_experiment(
     warm.counterfactuals(templates[0], 0.0, sizes, 0.0)  # warm the network; changes nothing
 
     def iconq_router() -> IconqRouter:  # fresh running state per run, features shared
-        return IconqRouter(warm.fork(), slo_margin=slo_margin, cost_tolerance=cost_tolerance)
+        return IconqRouter(warm.fork(), slo_margin=slo_margin, cost_tolerance=cost_tolerance, guard=guard,
+                           violation_spread=violation_spread)
 
     stage = OnlinePredictor(predictor, table, use_iconq=False) if stage_router else None
     if stage is not None:
@@ -219,22 +230,37 @@ def live_autoscale_experiment(
     log: pd.DataFrame,
     predictor: LatencyPredictor,
     *,
+    kind: str = "trigger",
     load: float = 1.4,
     kappa: float = 3.0,
     copies: int = 3,
     seed: int = 0,
     slo_margin: float = 0.3,
     cost_tolerance: float = 1.0,
+    guard: RouterGuard | None = None,
+    violation_spread: float = 0.0,
     minimum_s_factor: float = 5.0,
     warmup_s: float = 1.0,
     on_progress: Callable[[str, int, int], None] | None = None,
     pool_options: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One live scenario of the trigger experiment: a size-1 cluster under overload.
+    """One live scenario of the trigger (Table 4) or size-selector (Table 3) experiment: size 1 under overload.
 
-    The Iconq+ router alone (no-op) against the same router with the
-    Autoscaler (observed + projected trigger, Spinup Size Selector over the
-    sizes that fit the free cores, teardown) on the same seeded arrivals.
+    ``kind="trigger"`` (AutoSLO §8.6): the Iconq+ router alone (no-op)
+    against the same router with the Autoscaler (observed + projected
+    trigger, Spinup Size Selector over the sizes that fit the free cores,
+    teardown) on the same seeded arrivals; VR and cost over the whole run.
+
+    ``kind="sizer"`` (§8.5): one scaling decision is forced at 20% of the
+    arrivals, as in the simulated experiment: ``no-op`` (the router alone),
+    ``horizontal`` (a copy of the size-1 cluster) and ``add+ours`` (the
+    Spinup Size Selector picks the size to add, or nothing); no trigger and
+    no teardown. VR is over the last 20% of the arrivals and cost is what was
+    billed after the 80% arrival, once scaling has taken effect. The size
+    selector runs on the live runner's background sizer: the forced arrival
+    is routed at once and the spin-up comes at the first arrival after the
+    job finishes (its ``sizing`` event says when).
+
     Spin-ups are real processes; ``warmup_s`` is added to each, and the
     autoscaler plans with that delay (plus the measured process start).
     With ``pool_options`` (CPU budgets, see
@@ -242,9 +268,21 @@ def live_autoscale_experiment(
     units on the cores not reserved for the controller, and the sizes the
     selector may add are those whose budget still fits beside the first
     cluster.
+
+    Returns:
+        A JSON-ready dict: ``live``, ``lambda``, ``load``, ``kappa``,
+        ``clusters`` (the start size), ``pool`` (CPU-budget options),
+        ``candidate_sizes``, ``results`` (approach -> ``vr``, ``cost``,
+        ``spin_ups``, ``events``), ``baseline`` (``no-op``), ``mean_delta``
+        and ``time_scale``. For ``sizer`` also ``force_scaling_at`` and
+        ``mark_at`` (the arrival indices of the forced decision and of the
+        cost mark) and, per approach, ``clusters`` (the sizes that ran queries).
     """
     import os
 
+    if kind not in ("trigger", "sizer"):
+        raise ValueError(f"The 'kind' parameter of live_autoscale_experiment must be 'trigger' or 'sizer', "
+                         f"got {kind!r}.")
     options = dict(pool_options or {})
     unit = options.get("size_unit_cores")
     if unit is not None:
@@ -263,36 +301,58 @@ def live_autoscale_experiment(
     cfg = ScalingExperimentConfig()
     sizes = tuple(s for s in (1, 2) if s <= free)
     config = autoscaler_config(cfg, mean_iso, candidate_sizes=sizes, spinup_delay_s=warmup_s + 0.1, max_clusters=2)
+    n = len(queries)
+    force_at, mark = int(0.2 * n), int(0.8 * n)  # as the simulated sizer experiment (§8.5)
 
     def make_router(model: Any) -> IconqRouter:
-        return IconqRouter(model, slo_margin=slo_margin, cost_tolerance=cost_tolerance)
+        return IconqRouter(model, slo_margin=slo_margin, cost_tolerance=cost_tolerance, guard=guard,
+                           violation_spread=violation_spread)
 
+    def make_autoscaler(name: str, router: IconqRouter) -> Autoscaler | None:
+        if name == "no-op":
+            return None
+        if kind == "trigger":
+            return Autoscaler(config, SpinupTrigger(cfg.theta, cfg.tau_trigger), router, make_router, mode="add",
+                              minimum_s=minimum_s)
+        mode = {"horizontal": "horizontal", "add+ours": "add"}[name]
+        return Autoscaler(config, None, router, make_router, mode=mode, minimum_s=minimum_s, teardown=False)
+
+    approaches = ("no-op", "ours") if kind == "trigger" else ("no-op", "horizontal", "add+ours")
     results: dict[str, dict[str, Any]] = {}
     with torch_threads(1):
-        for name in ("no-op", "ours"):
+        for name in approaches:
             online = OnlinePredictor(predictor, table)
             for t in templates:
                 for size in (1, *sizes):
                     online.features(t, size)
             router = make_router(online)
-            autoscaler = None
-            if name == "ours":
-                autoscaler = Autoscaler(config, SpinupTrigger(cfg.theta, cfg.tau_trigger), router, make_router,
-                                        mode="add", minimum_s=minimum_s)
+            autoscaler = make_autoscaler(name, router)
 
             def progress(done: int, total: int, name: str = name) -> None:
                 if on_progress is not None:
                     on_progress(name, done, total)
 
+            sizing: dict[str, Any] = {}
+            if kind == "sizer":
+                sizing = {"mark_at": (mark,), "force_scaling_at": None if autoscaler is None else force_at}
             outcome = run_live(db_path, queries, [("c0", 1)], router, minimum_s=minimum_s, sql_by_template=sql,
                                on_progress=progress, autoscaler=autoscaler, warmup_s=warmup_s,
-                               pool_options=pool_options)
-            results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost,
-                             "spin_ups": sum(e["event"] == "spin_up" for e in outcome.events),
-                             "events": outcome.events}
-    return {"live": True, "lambda": rate, "load": load, "kappa": kappa, "clusters": [1], "pool": options,
-            "candidate_sizes": list(sizes), "results": results,
-            "baseline": "no-op",
-            "mean_delta": mean_delta([{k: {"vr": v["vr"], "cost": v["cost"]} for k, v in results.items()}], "no-op"),
-            "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "n_queries": len(queries),
-                           "warmup_s": warmup_s}}
+                               pool_options=pool_options, **sizing)
+            spin_ups = sum(e["event"] == "spin_up" for e in outcome.events)
+            if kind == "trigger":
+                results[name] = {"vr": outcome.violation_rate, "cost": outcome.cost, "spin_ups": spin_ups,
+                                 "events": outcome.events}
+            else:
+                last = outcome.queries.sort_values(["arrival_s", "query_id"]).iloc[mark:]
+                results[name] = {"vr": float(last["violated"].mean()), "cost": outcome.cost_since(mark),
+                                 "spin_ups": spin_ups, "events": outcome.events,
+                                 "clusters": sorted({int(s) for s in outcome.queries["cluster_size"]})}
+    out = {"live": True, "lambda": rate, "load": load, "kappa": kappa, "clusters": [1], "pool": options,
+           "candidate_sizes": list(sizes), "results": results,
+           "baseline": "no-op",
+           "mean_delta": mean_delta([{k: {"vr": v["vr"], "cost": v["cost"]} for k, v in results.items()}], "no-op"),
+           "time_scale": {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "n_queries": n,
+                          "warmup_s": warmup_s}}
+    if kind == "sizer":
+        out.update(force_scaling_at=force_at, mark_at=mark)
+    return out

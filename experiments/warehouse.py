@@ -60,6 +60,7 @@ class RouterExperimentConfig:
             :class:`~sloctl.config.RouterSection`).
         guard: the Iconq+ router's guard (``None``: always trust the model);
             each scenario reports how often it fired.
+        violation_spread: the Iconq+ router's soft-count spread (0: hard counts).
     """
 
     loads: tuple[float, ...] = (0.6, 0.85)
@@ -71,6 +72,7 @@ class RouterExperimentConfig:
     slo_margin: float = 0.3
     cost_tolerance: float = 3.0
     guard: RouterGuard | None = None
+    violation_spread: float = 0.0
 
 
 def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dict[str, dict[str, float]]:
@@ -160,7 +162,8 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                     "round-robin": RoundRobinRouter(),
                     "stage+cost": StageCostRouter(OnlinePredictor(predictor, table, use_iconq=False)),
                     "iconq+cost": IconqRouter(OnlinePredictor(predictor, table), slo_margin=cfg.slo_margin,
-                                              cost_tolerance=cfg.cost_tolerance, guard=cfg.guard),
+                                              cost_tolerance=cfg.cost_tolerance, guard=cfg.guard,
+                                              violation_spread=cfg.violation_spread),
                 }
                 results = {}
                 for name, router in routers.items():
@@ -217,6 +220,7 @@ class ScalingExperimentConfig:
     slo_margin: float = 0.3
     cost_tolerance: float = 3.0
     guard: RouterGuard | None = None
+    violation_spread: float = 0.0
 
     def autoscaler_settings(self) -> RelativeAutoscalerSettings:
         """The autoscaler knobs of this experiment (in units of the mean isolated latency)."""
@@ -242,7 +246,8 @@ def scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig):
 def _run_scaling(kind: str, approach: str, world, predictor, table, queries, start_size: int, cfg, mean_iso: float):
 
     def make_router(model):
-        return IconqRouter(model, slo_margin=cfg.slo_margin, cost_tolerance=cfg.cost_tolerance, guard=cfg.guard)
+        return IconqRouter(model, slo_margin=cfg.slo_margin, cost_tolerance=cfg.cost_tolerance, guard=cfg.guard,
+                           violation_spread=cfg.violation_spread)
 
     router = make_router(OnlinePredictor(predictor, table))
     scaled = autoscaler_config(cfg, mean_iso)

@@ -59,6 +59,19 @@ class MarginCalibration:
                 f"latencies by a ratio p50 {self.ratio_p50:.2f}, q{self.risk_quantile:g} {self.ratio_at_quantile:.2f} "
                 f"({self.queries} queries){support}")
 
+    def spread(self) -> float:
+        """``σ``: the spread of log(actual / predicted), from the median and the ``risk_quantile`` quantile.
+
+        Assumes the ratio is log-normal between those two points:
+        ``(log q − log p50) / Φ⁻¹(risk_quantile)``; at least 0.05.
+        """
+        from scipy.special import ndtri
+
+        z = float(ndtri(self.risk_quantile))
+        if z <= 0 or self.ratio_at_quantile <= 0 or self.ratio_p50 <= 0:
+            return 0.05
+        return max(0.05, (np.log(self.ratio_at_quantile) - np.log(self.ratio_p50)) / z)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         if self.concurrency_support is not None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from sloctl.models.predictor import LatencyPredictor
 
 __all__ = ["DEFAULT_SLO_MARGIN", "BuiltRouter", "MarginChoice", "build_router", "resolve_slo_margin",
-           "router_guard", "router_templates"]
+           "router_guard", "router_templates", "violation_spread"]
 
 #: The margin used when neither the config, the model bundle nor a log gives one (with a warning):
 #: the value the runtime hard-coded before bundles carried a calibrated margin.
@@ -70,6 +70,8 @@ class BuiltRouter:
         templates: the template table routed with (``None`` for round-robin).
         guard: the Iconq+ router's :class:`~sloctl.control.router.RouterGuard`
             (``None``: off, or not an Iconq+ router).
+        violation_spread: the Iconq+ router's soft-count spread ``σ`` (0: hard
+            counts, see :func:`violation_spread`).
     """
 
     router: Any
@@ -79,6 +81,7 @@ class BuiltRouter:
     cost_tolerance: float
     templates: pd.DataFrame | None
     guard: RouterGuard | None = None
+    violation_spread: float = 0.0
 
     @property
     def slo_margin(self) -> float | None:
@@ -134,6 +137,22 @@ def router_guard(predictor: LatencyPredictor | None, router: RouterSection,
                        min_samples=router.guard_min_samples, support=support)
 
 
+def violation_spread(predictor: LatencyPredictor | None, router: RouterSection,
+                     margin: MarginChoice | None = None) -> float:
+    """``σ`` of the Iconq+ router's soft violation count: from the margin's or the bundle's calibration.
+
+    0 (hard counts, the paper's rule) when ``router.soft_violations`` is off
+    or no calibration is at hand (a bundle saved by older code and no log).
+    """
+    if not router.soft_violations:
+        return 0.0
+    for calibration in (margin.calibration if margin is not None else None,
+                        predictor.calibration if predictor is not None else None):
+        if calibration is not None:
+            return float(calibration.spread())
+    return 0.0
+
+
 def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
                  templates: pd.DataFrame | None = None, log: pd.DataFrame | None = None, use_iconq: bool = True,
                  say: Callable[[str], None] | None = None) -> BuiltRouter:
@@ -151,7 +170,8 @@ def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
     4. :data:`DEFAULT_SLO_MARGIN` (0.3), with a warning.
 
     The Iconq+ router also gets the guard of :func:`router_guard` (falls
-    back to load-based placement while the model is not to be trusted).
+    back to load-based placement while the model is not to be trusted) and
+    the soft-count spread of :func:`violation_spread`.
 
     The template table (plan features per template) is ``templates`` when
     given (``sloctl serve --templates-log``, the log an experiment runs on),
@@ -182,6 +202,7 @@ def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
     margin = resolve_slo_margin(predictor, router, log=log, say=say)
     online = OnlinePredictor(predictor, table)
     guard = router_guard(predictor, router, margin)
+    spread = violation_spread(predictor, router, margin)
     return BuiltRouter(IconqRouter(online, slo_margin=margin.slo_margin, cost_tolerance=router.cost_tolerance,
-                                   guard=guard),
-                       online, "iconq", margin, router.cost_tolerance, table, guard)
+                                   guard=guard, violation_spread=spread),
+                       online, "iconq", margin, router.cost_tolerance, table, guard, spread)

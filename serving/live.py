@@ -69,6 +69,10 @@ class LiveResult:
         cost: total bill, ``Σ price × size × active time``.
         cost_by_cluster: the bill of each cluster.
         violation_rate: fraction of queries that violated their SLO.
+        events: scaling events in order (``spin_up``, ``ready``, ``sizing``,
+            ``force``, ...), each with its run-clock time ``t``.
+        cost_marks: the bill up to each marked arrival (``mark_at``), by
+            arrival index, as the simulator's ``cost_marks``.
     """
 
     queries: pd.DataFrame
@@ -76,10 +80,23 @@ class LiveResult:
     cost_by_cluster: dict[str, float]
     violation_rate: float
     events: list[dict[str, Any]] = field(default_factory=list)
+    cost_marks: dict[int, float] = field(default_factory=dict)
+
+    def cost_since(self, index: int) -> float:
+        """Cost billed after the arrival with this index (it must be in ``mark_at``).
+
+        Raises:
+            ValueError: the arrival was not marked.
+        """
+        if index not in self.cost_marks:
+            raise ValueError(f"The 'index' of LiveResult.cost_since must be a marked arrival "
+                             f"(mark_at: {sorted(self.cost_marks)}), got {index!r}.")
+        return self.cost - self.cost_marks[index]
 
 
 def _validate(queries: list[Query], clusters: list[tuple[str, int]], sql_by_template: dict[str, str],
-              price_per_unit_s: float, timeout_s: float | None) -> None:
+              price_per_unit_s: float, timeout_s: float | None, autoscaler: Autoscaler | None,
+              force_scaling_at: int | None, mark_at: tuple[int, ...]) -> None:
     if not clusters:
         raise ValueError("The 'clusters' parameter of run_live must name at least one (cluster_id, size), got none.")
     ids = [cid for cid, _ in clusters]
@@ -95,6 +112,16 @@ def _validate(queries: list[Query], clusters: list[tuple[str, int]], sql_by_temp
         raise ValueError(f"The 'price_per_unit_s' parameter of run_live must be >= 0, got {price_per_unit_s!r}.")
     if timeout_s is not None and not timeout_s > 0:
         raise ValueError(f"The 'timeout_s' parameter of run_live must be > 0 or None, got {timeout_s!r}.")
+    if force_scaling_at is not None:
+        if autoscaler is None:
+            raise ValueError("The 'force_scaling_at' parameter of run_live needs an autoscaler to force, got None.")
+        if not 0 <= force_scaling_at < len(queries):
+            raise ValueError(f"The 'force_scaling_at' parameter of run_live must index an arrival "
+                             f"(0 to {len(queries) - 1}), got {force_scaling_at!r}.")
+    bad = [k for k in mark_at if not 0 <= k < len(queries)]
+    if bad:
+        raise ValueError(f"The 'mark_at' parameter of run_live must index arrivals (0 to {len(queries) - 1}), "
+                         f"got {bad[0]!r}.")
 
 
 def run_live(
@@ -112,6 +139,8 @@ def run_live(
     warmup_s: float = 0.0,
     background_sizing: bool = True,
     pool_options: Mapping[str, Any] | None = None,
+    force_scaling_at: int | None = None,
+    mark_at: tuple[int, ...] = (),
 ) -> LiveResult:
     """Route ``queries`` live onto fresh DuckDB clusters and bill them.
 
@@ -165,9 +194,23 @@ def run_live(
             (``WarehouseConfig.pool_options()``: sizes as cgroup CPU budgets
             beside a core reserved for the controller); ``None`` pins whole
             cores.
+        force_scaling_at: index (in arrival order) of the arrival at which
+            to force one scaling decision, whatever the triggers say (the
+            size-selector experiment, AutoSLO §8.5; needs ``autoscaler``).
+            A ``force`` event records it. With ``background_sizing`` the
+            forced Spinup Size Selector runs on the sizer's worker like a
+            triggered one (:meth:`~sloctl.control.autoscaler.Autoscaler.force`):
+            the arrival is routed at once and the first arrival after the job
+            finishes applies its spin-up (a ``sizing`` event whose
+            ``triggered_s`` is the forced arrival's time). Without it, or in
+            ``horizontal`` mode, the decision is made inside that arrival's step.
+        mark_at: indices of arrivals at which to record the bill so far
+            (``LiveResult.cost_marks``, read at the arrival's routing time,
+            before it is routed; :meth:`LiveResult.cost_since`).
 
     Returns:
-        The per-query rows, the bill and the violation rate.
+        The per-query rows, the bill, the violation rate, the scaling events
+        and the marked bills.
 
     Raises:
         ClusterPoolError: the clusters do not fit on this machine, one failed
@@ -176,9 +219,11 @@ def run_live(
     import pandas as pd
 
 
-    _validate(queries, clusters, sql_by_template, price_per_unit_s, timeout_s)
+    _validate(queries, clusters, sql_by_template, price_per_unit_s, timeout_s, autoscaler, force_scaling_at, mark_at)
     pending = sorted(queries, key=lambda q: (q.arrival_s, q.query_id))
     records: dict[int, dict[str, Any]] = {}
+    marks = set(mark_at)
+    cost_marks: dict[int, float] = {}
 
     with DuckDBClusterPool(db_path, warmup_s=warmup_s, **dict(pool_options or {})) as pool, \
             _background_sizer(autoscaler if background_sizing else None) as sizer:
@@ -226,14 +271,19 @@ def run_live(
                 for done in sorted(pool.completions(timeout_s=0), key=lambda c: c.end_s):
                     if done.query_id in managed.running:
                         finish(done)
-                query = pending[i]
+                query, index = pending[i], i
                 i += 1
                 now_s = time.monotonic() - base
+                if index in marks:  # before scaling and routing, as the simulator marks
+                    cost_marks[index] = managed.total_cost(now_s)
                 if autoscaler is not None:
                     refresh_ready(now_s)
                 started = time.perf_counter()
                 if autoscaler is not None:
-                    managed.scale(query, now_s)
+                    forced = index == force_scaling_at
+                    if forced:
+                        managed.events.append({"t": now_s, "event": "force", "index": index})
+                    managed.scale(query, now_s, force=forced)
                 decision = managed.route(query, now_s)
                 control_s[query.query_id] = time.perf_counter() - started
                 pool.submit(decision.cluster_id, QueryRequest(query.query_id, sql_by_template[query.template],
@@ -256,7 +306,8 @@ def run_live(
     horizon = (managed.latest_s if math.isfinite(managed.latest_s) else 0.0) + 1e6
     cost_by_cluster = managed.cost_by_cluster(horizon)
     violation_rate = float(frame["violated"].mean()) if len(frame) else 0.0
-    return LiveResult(frame, float(sum(cost_by_cluster.values())), cost_by_cluster, violation_rate, managed.events)
+    return LiveResult(frame, float(sum(cost_by_cluster.values())), cost_by_cluster, violation_rate, managed.events,
+                      cost_marks)
 
 
 @contextlib.contextmanager

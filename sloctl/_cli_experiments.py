@@ -77,7 +77,8 @@ def experiment_router_cmd(
 
     router = cli_router(cfg, predictor, frame)
     experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
-                                        cost_tolerance=router.cost_tolerance, guard=router.guard)
+                                        cost_tolerance=router.cost_tolerance, guard=router.guard,
+                                        violation_spread=router.violation_spread)
     result = router_experiment(frame, predictor, experiment, on_scenario=progress)
     if as_json:
         typer.echo(json.dumps(result))
@@ -149,7 +150,8 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
 
     router = cli_router(cfg, predictor, frame)
     result = live_router_experiment(db, frame, predictor, copies=copies, seed=seed, slo_margin=router.slo_margin,
-                                    cost_tolerance=router.cost_tolerance, rounds=rounds, load=load, kappa=kappa,
+                                    cost_tolerance=router.cost_tolerance, guard=router.guard,
+                                    violation_spread=router.violation_spread, rounds=rounds, load=load, kappa=kappa,
                                     shadow_baseline=shadow, on_progress=progress, clusters=clusters,
                                     pool_options=cfg.warehouse.pool_options() if budgets else None,
                                     stage_router=stage)
@@ -198,7 +200,8 @@ def _scaling(kind: str, log: list[Path], model: str, copies: int, seed: int, as_
 
     router = cli_router(cfg, predictor, frame)
     experiment = ScalingExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
-                                         cost_tolerance=router.cost_tolerance, guard=router.guard)
+                                         cost_tolerance=router.cost_tolerance, guard=router.guard,
+                                         violation_spread=router.violation_spread)
     result = scaling_experiment(kind, frame, predictor, experiment, on_scenario=progress)
     if as_json:
         typer.echo(json.dumps(result))
@@ -218,10 +221,24 @@ def experiment_sizer_cmd(
     copies: int = typer.Option(10, help="Copies of every template in BaseWorkload."),
     seed: int = typer.Option(0, help="Seed of workloads and service-time noise."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    live: bool = typer.Option(False, "--live", help="Instead, one live scenario on DuckDB: a size-1 cluster under "
+                              "overload, a scaling decision forced at 20% of the arrivals: no-op, horizontal and "
+                              "add+ours (real spin-ups)."),
+    db: Path | None = typer.Option(None, "--db", help="With --live: the TPC-H database (default: SF 1)."),
+    warmup_s: float = typer.Option(1.0, help="With --live: warm-up added to every real spin-up."),
+    live_budgets: bool = typer.Option(False, "--live-budgets/--live-pinned", help="With --live: sizes as CPU "
+                                      "budgets (warehouse.size_unit_cores) beside the controller's reserved core."),
     config: Path | None = ConfigOption,
 ) -> None:
-    """Spinup Size Selector (Table 3): no-op, horizontal, vertical and add-cluster after a forced trigger."""
-    _scaling("sizer", log, model, copies, seed, as_json, config)
+    """Spinup Size Selector (Table 3): no-op, horizontal, vertical and add-cluster after a forced trigger.
+
+    With --live, no-op, horizontal and add+ours on real DuckDB clusters: VR
+    over the last 20% of the arrivals, cost billed after the 80% arrival.
+    """
+    if not live:
+        _scaling("sizer", log, model, copies, seed, as_json, config)
+        return
+    _experiment_scaling_live("sizer", log, model, db, seed, warmup_s, live_budgets, as_json, config)
 
 
 @experiment_app.command("trigger")
@@ -244,6 +261,12 @@ def experiment_trigger_cmd(
     if not live:
         _scaling("trigger", log, model, copies, seed, as_json, config)
         return
+    _experiment_scaling_live("trigger", log, model, db, seed, warmup_s, live_budgets, as_json, config)
+
+
+def _experiment_scaling_live(kind: str, log: list[Path], model: str, db: Path | None, seed: int, warmup_s: float,
+                             budgets: bool, as_json: bool, config: Path | None) -> None:
+    """``experiment trigger|sizer --live``: one live scenario, the router alone against it with the Autoscaler."""
     from sloctl.experiments.live_warehouse import live_autoscale_experiment
     from sloctl.registry.store import load_model
 
@@ -253,15 +276,21 @@ def experiment_trigger_cmd(
     frame = read_logs(log)
     predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
     router = cli_router(cfg, predictor, frame)
-    result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, seed=seed, slo_margin=router.slo_margin,
-                                       cost_tolerance=router.cost_tolerance, warmup_s=warmup_s,
-                                       pool_options=cfg.warehouse.pool_options() if live_budgets else None)
+    result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, kind=kind, seed=seed,
+                                       slo_margin=router.slo_margin, cost_tolerance=router.cost_tolerance,
+                                       guard=router.guard, violation_spread=router.violation_spread,
+                                       warmup_s=warmup_s,
+                                       pool_options=cfg.warehouse.pool_options() if budgets else None)
     if as_json:
         typer.echo(json.dumps(result))
         return
+    if kind == "sizer":
+        echo(f"decision forced at arrival {result['force_scaling_at']} of {result['time_scale']['n_queries']}; "
+             f"VR over the arrivals from {result['mark_at']} on, cost billed after arrival {result['mark_at']}")
+    width = max(6, *map(len, result["results"]))
     for approach, outcome in result["results"].items():
         events = ", ".join(f"{e['event']} at {e['t']:.2f} s" for e in outcome["events"]) or "no scaling"
-        typer.echo(f"live λ={result['lambda']:.2f}/s κ={result['kappa']:g} start=[1]: {approach:<6} "
+        typer.echo(f"live λ={result['lambda']:.2f}/s κ={result['kappa']:g} start=[1]: {approach:<{width}} "
                    f"VR {outcome['vr']:.3f} cost {outcome['cost']:.1f} ({events})")
 
 

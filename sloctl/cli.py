@@ -376,7 +376,7 @@ def _simulated_day(cfg, log_path: Path) -> None:
     frame = read_log(log_path)
     router = cli_router(cfg, predictor, frame)
     day = simulated_day(frame, predictor, slo_margin=router.slo_margin, cost_tolerance=router.cost_tolerance,
-                        seed=cfg.demo.seed)
+                        guard=router.guard, violation_spread=router.violation_spread, seed=cfg.demo.seed)
     table = Table(title=f"A simulated day: {day['queries']} queries ({day['contour']} contour), emulated warehouse")
     for column in ("approach", "VR", "cost", "spin-ups", "teardowns"):
         table.add_column(column, justify="left" if column == "approach" else "right")

@@ -190,6 +190,39 @@ def test_background_job_is_applied_at_the_step_after_it_finishes():
     assert (sizer.submitted, sizer.coalesced) == (1, 2) and not sizer.busy
 
 
+def test_a_forced_decision_is_sized_in_the_background_like_a_triggered_one():
+    sizer = BackgroundSizer(ManualExecutor())
+    pool, autoscaler, backend = build(sizer)
+    autoscaler.trigger = None  # only the forced decision scales
+    for i in range(3):
+        arrive(pool, i)
+    forced = Query(3, "a", 1.5, 2.0)
+    assert pool.scale(forced, 1.5, force=True) == []  # submitted; the arrival is routed at once
+    pool.route(forced, 1.5)
+    assert sizer.submitted == 1 and backend.started == []
+    sizer.executor.run_all()
+    assert [a.kind for a in arrive(pool, 4)] == ["spin_up"] and backend.started == [(1, 2.0)]
+    assert pool.events[0]["event"] == "sizing" and pool.events[0]["triggered_s"] == 1.5
+    # the same decision as inside the step, without a sizer
+    sync_pool, sync_scaler, sync_backend = build()
+    sync_scaler.trigger = None
+    for i in range(3):
+        arrive(sync_pool, i)
+    assert [a.kind for a in sync_pool.scale(forced, 1.5, force=True)] == ["spin_up"]
+    assert sync_backend.started == [(1, 1.5)]
+    assert autoscaler.decisions[0][1].outcomes == sync_scaler.decisions[0][1].outcomes
+
+
+def test_a_forced_decision_while_a_job_runs_is_coalesced_into_it():
+    sizer = BackgroundSizer(ManualExecutor())
+    pool, autoscaler, backend = build(sizer)
+    for i in range(4):
+        arrive(pool, i)  # the fourth fired the trigger: a job is under way
+    assert pool.scale(Query(4, "a", 2.0, 2.0), 2.0, force=True) == []
+    assert (sizer.submitted, sizer.coalesced) == (1, 2)  # the trigger and the forced decision
+    assert autoscaler.decisions == []
+
+
 def _advancing(job, clock, seconds):
     def run():
         value = job()

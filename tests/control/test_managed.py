@@ -261,7 +261,7 @@ def test_scale_runs_the_autoscaler_and_completion_reaches_its_window():
         def __init__(self):
             self.seen, self.done = [], []
 
-        def on_arrival(self, query, clusters):
+        def on_arrival(self, query, clusters, now_s=None):
             self.seen.append([c.cluster_id for c in clusters])
             return [ScalingAction("spin_up", size=1)]
 

@@ -145,3 +145,25 @@ def test_live_inline_sizing_waits_in_the_arrival_step(monkeypatch):
     # the arrival that fired the trigger carried the whole size selection
     assert result.queries["control_s"].max() >= 3 * WHAT_IF_SLEEP_S
     assert autoscaler.decisions[0][1].size == 1
+
+
+def test_live_forced_decision_is_sized_in_the_background_and_applied_after(monkeypatch):
+    from sloctl.serving import live
+
+    monkeypatch.setattr(live, "DuckDBClusterPool", _Pool)
+    router = _LeastLoaded(_Model())
+    config = AutoscalerConfig(window_s=1.0, mu=5, candidate_sizes=(1,), spinup_delay_s=0.1, max_clusters=2)
+    autoscaler = Autoscaler(config, None, router, _slow_what_if, mode="add", minimum_s=0.5, teardown=False)
+    queries = [Query(i, "q", 0.03 * i, 0.5) for i in range(40)]
+    result = run_live("unused.duckdb", queries, [("c0", 1)], router, sql_by_template={"q": "SELECT 1"},
+                      autoscaler=autoscaler, minimum_s=0.5, force_scaling_at=8, mark_at=(32,))
+    kinds = [e["event"] for e in result.events]
+    assert kinds[:4] == ["force", "sizing", "spin_up", "ready"] and kinds[-1] == "sizer"
+    force, sizing, spin_up = result.events[:3]
+    assert force["index"] == 8 and sizing["triggered_s"] == force["t"] and sizing["size"] == 1
+    assert sizing["decision_s"] >= 3 * WHAT_IF_SLEEP_S and spin_up["t"] >= sizing["t"] > force["t"]
+    df = result.queries
+    assert df.loc[df["query_id"] == 8, "control_s"].item() < 3 * WHAT_IF_SLEEP_S  # the forced arrival did not wait
+    assert (df["cluster_id"] == spin_up["cluster_id"]).any()
+    assert result.events[-1]["submitted"] == 1 and not result.events[-1]["unapplied"]
+    assert 0.0 <= result.cost_since(32) <= result.cost
