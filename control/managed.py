@@ -32,6 +32,7 @@ for a driver that observes events late.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -150,17 +151,21 @@ class ManagedPool:
             ``now_s``). For a driver that observes completions late (the
             live runner): a late completion would otherwise move a timer
             backwards. It over-bills by at most the observation delay.
+        keep: ids of clusters that scaling actions never tear down nor
+            retire (the HTTP runtime's clusters added by hand: an operator's
+            to retire); :attr:`keep` may change between calls.
     """
 
     def __init__(self, router: Any, *, autoscaler: Any = None, price_per_unit_s: float = 1.0,
                  minimum_s: float = 60.0, backend: ClusterBackend | None = None,
-                 clamp_late_events: bool = False) -> None:
+                 clamp_late_events: bool = False, keep: Iterable[str] = ()) -> None:
         self.router = router
         self.autoscaler = autoscaler
         self.price_per_unit_s = price_per_unit_s
         self.minimum_s = minimum_s
         self.backend = backend
         self.clamp_late_events = clamp_late_events
+        self.keep: set[str] = set(keep)
         self.clusters: dict[str, ManagedCluster] = {}
         self.running: dict[int, RunningQuery] = {}
         self.events: list[dict[str, Any]] = []
@@ -247,7 +252,8 @@ class ManagedPool:
         A spin-up the backend refuses is recorded (``refused``) and a
         ``retire_others`` after it in the same list is skipped: there is no
         new cluster to keep. A tear-down of a cluster that still runs
-        queries is ignored.
+        queries, or of one in :attr:`keep`, is ignored; ``retire_others``
+        leaves the clusters in :attr:`keep` routable.
         """
         refused = False
         for action in actions:
@@ -269,7 +275,7 @@ class ManagedPool:
                 self._newest = cid
             elif action.kind == "tear_down":
                 cluster = self._cluster(action.cluster_id)
-                if cluster.running:
+                if cluster.running or action.cluster_id in self.keep:
                     continue
                 cluster.torn_down = True
                 if self.backend is not None:
@@ -279,7 +285,7 @@ class ManagedPool:
                 if refused:
                     continue
                 for cid, cluster in self.clusters.items():
-                    if cid != self._newest:
+                    if cid != self._newest and cid not in self.keep:
                         cluster.retired = True
                 self.events.append({"t": now_s, "event": "retire_others", "keep": self._newest})
             else:

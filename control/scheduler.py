@@ -381,7 +381,10 @@ class ScheduledSpinups:
 
     The simulator consults its autoscaler at arrivals, so a spin-up scheduled
     at ``t`` is requested at the first arrival at or after ``t``. A spin-up
-    that would exceed ``max_clusters`` is skipped (and listed in ``skipped``).
+    that would exceed ``max_clusters`` is skipped (and listed in ``skipped``);
+    the others are listed in ``requested``, in the order they were requested.
+    A driver with a clock of its own (the HTTP runtime) also calls
+    :meth:`due` between arrivals, so a spin-up is not held back by a quiet spell.
 
     Args:
         spinups: the schedule.
@@ -397,7 +400,13 @@ class ScheduledSpinups:
         self.config = inner.config if inner is not None else AutoscalerConfig(spinup_delay_s=spinup_delay_s,
                                                                               max_clusters=max_clusters)
         self.skipped: list[ScheduledSpinup] = []
+        self.requested: list[ScheduledSpinup] = []
         self._next = 0
+
+    @property
+    def upcoming(self) -> list[ScheduledSpinup]:
+        """The spin-ups not yet requested nor skipped, in time order."""
+        return self.spinups[self._next:]
 
     def on_completion(self, query: Any, end_s: float) -> None:
         if self.inner is not None:
@@ -408,8 +417,24 @@ class ScheduledSpinups:
 
     def on_arrival(self, query: Any, clusters: list[Any], now_s: float | None = None) -> list[ScalingAction]:
         actions = list(self.inner.on_arrival(query, clusters, now_s)) if self.inner is not None else []
-        n = len(clusters) + sum(a.kind == "spin_up" for a in actions) - sum(a.kind == "tear_down" for a in actions)
-        while self._next < len(self.spinups) and self.spinups[self._next].time_s <= query.arrival_s:
+        return actions + self.due(query.arrival_s, clusters, pending=actions)
+
+    def due(self, now_s: float, clusters: list[Any], *, pending: Sequence[ScalingAction] = ()) -> list[ScalingAction]:
+        """The actions of every spin-up scheduled at or before ``now_s`` and not yet requested.
+
+        Args:
+            now_s: the driver's time.
+            clusters: the pool's clusters (views), for the ``max_clusters`` limit.
+            pending: actions already decided at this step (the reactive
+                autoscaler's), counted against the limit.
+
+        Returns:
+            ``spin_up`` per due spin-up (followed by ``retire_others`` for a
+            vertical one); each is requested once.
+        """
+        n = len(clusters) + sum(a.kind == "spin_up" for a in pending) - sum(a.kind == "tear_down" for a in pending)
+        actions: list[ScalingAction] = []
+        while self._next < len(self.spinups) and self.spinups[self._next].time_s <= now_s:
             spinup = self.spinups[self._next]
             self._next += 1
             if n >= self.config.max_clusters:
@@ -418,5 +443,6 @@ class ScheduledSpinups:
             actions.append(ScalingAction("spin_up", size=spinup.size))
             if spinup.mode == "vertical":
                 actions.append(ScalingAction("retire_others"))
+            self.requested.append(spinup)
             n += 1
         return actions

@@ -249,6 +249,18 @@ class ServeSection:
         watch_interval_s: how often the aliases are polled for a new version.
         state_db: SQLite file for accrued cost and running queries.
         max_in_flight: the runtime's own admission credits (self-protection).
+        plan_epoch: when the day of the execution-config in force starts
+            (its scheduled spin-ups' ``time_s`` count from there): ``None``,
+            midnight UTC of the plan's ``target_date`` (of the day it came
+            into force when it has none); ``"load"``, the instant it came
+            into force; or an ISO-8601 date-time (UTC unless it says).
+        plan_clock: how a spin-up's ``time_s`` (seconds of the Policy Tuner's
+            compressed day) maps onto the day: ``"real"`` stretches it by
+            ``3600 / time_scale.hour_s`` (the document's ``real_time``);
+            ``"compressed"`` takes it as seconds (a replay of the compressed
+            day). Plans without ``time_scale.hour_s`` read the same either way.
+        spinup_delay_s: how long a scheduled spin-up takes to become ready when
+            the execution-config carries no autoscaler knobs (which carry ``δ``).
     """
 
     host: str = "127.0.0.1"
@@ -264,6 +276,9 @@ class ServeSection:
     watch_interval_s: float = 10.0
     state_db: str = "sloctl_state.db"
     max_in_flight: int = 256
+    plan_epoch: str | None = None
+    plan_clock: Literal["real", "compressed"] = "real"
+    spinup_delay_s: float = 300.0
 
 
 def from_mapping(cls: type, raw: Any, *, source: str = "<config>", prefix: str = "") -> Any:

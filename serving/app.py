@@ -8,7 +8,8 @@ Endpoints (all JSON; mutating ones need ``Authorization: Bearer TOKEN``):
   ``PUT`` / ``DELETE /v1/clusters/{id}`` — a cluster spun up or retired (e.g. by the autoscaler);
 * ``POST /v1/admit`` / ``POST /v1/release`` — admission decisions (credits);
 * ``GET /v1/retry-policy`` and ``GET /v1/retry-policy/envoy?service=S`` — retry budgets;
-* ``GET /v1/execution-config`` — the Policy Tuner's scheduled spin-ups and autoscaler knobs;
+* ``GET /v1/execution-config`` — the Policy Tuner's scheduled spin-ups and autoscaler knobs, what of it is
+  in force, the next scheduled spin-up and those enacted (the runtime enacts it, ``docs/serving.md``);
 * ``GET /metrics``, ``GET /healthz``, ``GET /readyz``, and ``GET /`` (status page).
 
 Bad bodies get 422 with FastAPI's JSON naming the field; refused requests a
@@ -91,6 +92,10 @@ class _Metrics:
                              registry=self.registry)
         self.guard = Gauge("sloctl_router_guard_fallbacks", "Queries the Iconq+ router's guard placed by load "
                            "since the router was built, by reason.", ["reason"], registry=self.registry)
+        self.scaling = Counter("sloctl_scaling_events", "Cluster scaling events of the execution-config in force "
+                               "(start, spin_up, ready, tear_down, ...), by who decided them.", ["event", "origin"],
+                               registry=self.registry)
+        self.scaling_seen: dict[tuple[str, str], int] = {}  # what the counter already holds of the runtime's counts
 
 
 def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
@@ -98,7 +103,7 @@ def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
 
 
 def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: str | None = None,
-               watch: bool = True) -> Any:
+               watch: bool = True, clock: Any = None) -> Any:
     """The ASGI app (wrapped in the self-protecting admission middleware).
 
     Args:
@@ -106,7 +111,10 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         token: bearer token for mutating endpoints (None: no auth, for local experiments only).
         templates: plan features per template (see :func:`~sloctl.serving.runtime.load_templates_table`).
         state_db: SQLite file (default ``cfg.serve.state_db``).
-        watch: poll the registry aliases every ``cfg.serve.watch_interval_s``.
+        watch: poll the registry aliases every ``cfg.serve.watch_interval_s``
+            (and enact the execution-config's spin-ups that fall due between route calls).
+        clock: the runtime's wall clock (seconds since the Unix epoch; default
+            :func:`time.time`); tests pass a fake.
     """
 
     holder: dict[str, Any] = {}
@@ -118,7 +126,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        holder["runtime"] = Runtime(cfg, templates, state_db or cfg.serve.state_db)
+        holder["runtime"] = Runtime(cfg, templates, state_db or cfg.serve.state_db, clock=clock or time.time)
         thread = None
         if watch:
             def loop() -> None:
@@ -245,10 +253,12 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
 
     @app.get("/v1/execution-config")
     def execution_config() -> Any:
-        slot = runtime().slots["execution"]
-        if slot.value is None:
+        rt = runtime()
+        view = rt.execution_view()  # the ExecutionPlan's document, source, in_force, next_spinup, enacted, missed
+        if view is None:
+            slot = rt.slots["execution"]
             return _error(404, f"no execution configuration registered at {slot.uri} (run `sloctl tune policy`)")
-        return {**slot.value.to_doc(), "source": f"{slot.uri} v{slot.version}"}  # an ExecutionPlan
+        return view
 
     @app.get("/metrics")
     def prometheus() -> Response:
@@ -260,6 +270,10 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         guard = rt.guard_summary()
         for reason in ("error", "support"):
             metrics.guard.labels(reason).set(float(guard["fallbacks"][reason]) if guard else 0.0)
+        with rt.lock:  # one scrape at a time moves the counter up to the runtime's counts
+            for key, count in rt.enactor.counts.items():
+                metrics.scaling.labels(*key).inc(count - metrics.scaling_seen.get(key, 0))
+                metrics.scaling_seen[key] = count
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")

@@ -22,6 +22,16 @@ serves, behind one lock:
   on every change, so a restart reconciles: running queries are re-committed
   (those older than ``stale_after_s`` are dropped and counted), cost carries
   on from where it was.
+* **The execution-config.** The Policy Tuner's plan in force is enacted on
+  the pool (:class:`~sloctl.serving.execution.PlanEnactor`): its starting
+  clusters, its scheduled spin-ups (checked at every route call and every
+  refresh) and a reactive :class:`~sloctl.control.autoscaler.Autoscaler`
+  with its knobs, which ``route`` drives as ``ManagedPool.scale`` does in
+  simulation, its Spinup Size Selector on a
+  :class:`~sloctl.control.background.BackgroundSizer`.
+* **Time.** ``clock`` (wall seconds, :func:`time.time` unless a test injects
+  a fake) gives every time the runtime uses: ``now_s()`` counts from its
+  start (``wall0``).
 """
 
 from __future__ import annotations
@@ -30,19 +40,23 @@ import sqlite3
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
+from sloctl.control.background import BackgroundSizer
 from sloctl.control.credits import ClassShare, CreditController
 from sloctl.control.managed import ManagedPool, RunningQuery
 from sloctl.control.policies import AdmissionPolicy, ExecutionPlan, RetryPolicy
-from sloctl.control.router import ClusterState, Query
+from sloctl.control.router import ClusterState, IconqRouter, Query, StageCostRouter
 from sloctl.datasets.querylog import read_log, template_table
 from sloctl.registry.routers import build_router, router_templates
 from sloctl.registry.store import connect, load_model, load_policy
+from sloctl.serving.execution import PlanEnactor
 
 __all__ = ["ModelSlot", "Runtime", "RuntimeError_"]
 
@@ -170,12 +184,13 @@ class Runtime:
     slots: dict[str, ModelSlot] = field(default_factory=dict)
     decisions: deque = field(default_factory=lambda: deque(maxlen=50))
     history: deque = field(default_factory=lambda: deque(maxlen=500))
+    clock: Callable[[], float] = time.time  # wall seconds; tests inject a fake
 
     def __post_init__(self) -> None:
         serve, registry = self.cfg.serve, self.cfg.registry
         self.lock = threading.RLock()
         self.admission_lock = threading.Lock()
-        self.wall0 = time.time()
+        self.wall0 = self.clock()
         self.slots = {name: ModelSlot(uri, registry.tracking_uri, kind) for name, uri, kind in (
             ("iconq", serve.model_uri, "latency"), ("stage", serve.fallback_uri, "latency"),
             ("admission", serve.admission_uri, AdmissionPolicy.kind), ("retry", serve.retry_uri, RetryPolicy.kind),
@@ -183,8 +198,14 @@ class Runtime:
         # the control step (route, bill, complete) and the cluster set; its router follows self.router
         self.pool = ManagedPool(None, price_per_unit_s=self.cfg.router.price_per_unit_s,
                                 minimum_s=self.cfg.router.minimum_s)
+        self.origin: dict[str, str] = {}  # who brought each cluster: config, operator, plan, schedule, autoscaler
         for i, size in enumerate(serve.cluster_sizes):
             self.pool.add_cluster(f"c{i}", size)
+            self.origin[f"c{i}"] = "config"
+        self.operator_changed_pool = False  # PUT/DELETE /v1/clusters since the start: a plan then keeps the pool
+        self.sizer = BackgroundSizer()  # the reactive autoscaler's size selector, off the routing path
+        self.enactor = PlanEnactor(serve, self.pool, self.wall0, remove=self._remove_cluster, origin=self.origin)
+        self._plan_slot: tuple[Any, str | None] = (None, None)  # the execution slot's value and version in force
         self.violations = 0
         self.completed = 0
         self.reconciled = {"restored": 0, "dropped_stale": 0}
@@ -203,10 +224,15 @@ class Runtime:
 
     # -- time and models -------------------------------------------------------------
     def now_s(self) -> float:
-        return time.time() - self.wall0
+        """The runtime clock: seconds since the runtime started."""
+        return self.clock() - self.wall0
 
     def refresh(self) -> dict[str, bool]:
-        """Poll every alias; rebuild the router when a latency model changed."""
+        """Poll every alias; rebuild the router when a latency model changed, enact a new execution-config.
+
+        Also the background look at the clock: scheduled spin-ups now due are
+        enacted here when no route call came first.
+        """
         swapped = {name: slot.refresh() for name, slot in self.slots.items()}
         with self.lock:
             if swapped["iconq"] or swapped["stage"] or not hasattr(self, "router"):
@@ -214,7 +240,44 @@ class Runtime:
             if swapped["admission"] or self.admission is None:
                 with self.admission_lock:
                     self._build_admission()
+            if swapped["execution"]:
+                self._take_plan()
+            self.tick()
         return swapped
+
+    def tick(self) -> None:
+        """Enact what the execution-config in force has due now (see :class:`~sloctl.serving.execution.PlanEnactor`)."""
+        with self.lock:
+            self.enactor.tick(self.now_s())
+
+    def _take_plan(self) -> None:
+        """Put the execution slot's new plan in force; one that cannot be enacted leaves the last one in force.
+
+        The first plan in force reshapes the pool to its ``start_sizes``
+        unless an operator changed the pool by hand since the start; later
+        plans keep the pool as it is (docs/serving.md, "Enacting the execution-config").
+        """
+        slot = self.slots["execution"]
+        before = self.enactor.current
+        now = self.now_s()
+        self.enactor.tick(now)  # spin-ups of the old plan that are due now still happen
+        try:
+            if not isinstance(slot.value, ExecutionPlan):
+                raise TypeError(f"expected an {ExecutionPlan.kind} document, got {type(slot.value).__name__}")
+            if slot.value.config.autoscaler is not None:
+                slot.value.config.autoscaler.validate()
+            reshape = before is None and not self.operator_changed_pool
+            note = None if reshape else ("the pool was changed by hand (PUT/DELETE /v1/clusters)"
+                                         if before is None else "only the first plan in force sets the pool")
+            self.enactor.take(slot.value, f"{slot.uri} v{slot.version}", now, reshape=reshape, not_reshaped=note)
+        except Exception as exc:  # a plan that cannot be enacted: keep serving the last one
+            slot.error = (f"version {slot.version} could not be enacted ({type(exc).__name__}: {str(exc)[:300]}); "
+                          + (f"enacting {before.source}" if before is not None else "no execution-config in force"))
+            slot.value, slot.version = self._plan_slot
+            self.enactor.current = before
+            return
+        self._plan_slot = (slot.value, slot.version)
+        self._build_autoscaler()
 
     def guard_summary(self) -> dict[str, Any] | None:
         """How often the Iconq+ router's guard placed by load since the router was built (``None``: no guard)."""
@@ -241,11 +304,53 @@ class Runtime:
         self.router_margin = built.margin
         self.router_kind = kind
         self.pool.router = self.router  # the pool's step routes with the router in force
+        self._build_autoscaler()  # the reactive autoscaler reads the router's predictor
         if self.online is not None:  # running queries move over to the new model
             for r in sorted(self.running.values(), key=lambda r: r.arrival_wall):
                 c = self.clusters[r.cluster_id]
                 r.predicted_s = self.online.commit(r.query_id, r.template, r.arrival_s, r.slo_s,
                                                    c.cluster_id, c.size, self.now_s())
+
+    def _build_autoscaler(self) -> None:
+        """The reactive autoscaler of the plan in force (AutoSLO §6), attached to the pool; none without knobs.
+
+        As in simulation (``simulation/batch.py``): the spin-up trigger
+        (Algorithm 2) and the Spinup Size Selector (Algorithm 3, mode
+        ``add``) over the router's predictor, plus the teardown trigger. With
+        round-robin routing there is no predictor for the trigger: only the
+        teardown trigger runs. The observation windows carry over when the
+        knobs or the router change.
+        """
+        state = self.enactor.current
+        knobs = state.plan.config.autoscaler if state else None
+        old = self.pool.autoscaler
+        if knobs is None:
+            self.pool.autoscaler = None
+            if state:
+                state.reactive = None
+            return
+        if self.router_kind == "round-robin":
+            trigger, make_router = None, _no_what_if
+            state.reactive = "teardown only: routing is round-robin, no latency model for the spin-up trigger"
+        else:
+            trigger = SpinupTrigger(knobs.theta, knobs.tau_trigger)
+            if self.router_kind == "iconq":
+                margin, tolerance = self.router_margin.slo_margin, self.cfg.router.cost_tolerance
+                spread = getattr(self.router, "violation_spread", 0.0)
+
+                def make_router(model: Any) -> IconqRouter:
+                    return IconqRouter(model, slo_margin=margin, cost_tolerance=tolerance,
+                                       violation_spread=spread)
+            else:
+                make_router = StageCostRouter
+            state.reactive = f"spin-up trigger, size selector (add) and teardown, over {self.router_kind}"
+        autoscaler = Autoscaler(knobs, trigger, self.router, make_router, mode="add",
+                                minimum_s=self.cfg.router.minimum_s, price_per_unit_s=self.cfg.router.price_per_unit_s,
+                                sizer=self.sizer)
+        if old is not None:
+            autoscaler.windows = old.windows
+            autoscaler.windows.window_s = knobs.window_s
+        self.pool.autoscaler = autoscaler
 
     def _build_admission(self) -> None:
 
@@ -258,7 +363,7 @@ class Runtime:
             self.admission_source = f"library defaults (no {AdmissionPolicy.kind} registered)"
 
     def _reconcile(self) -> None:
-        now_wall = time.time()
+        now_wall = self.clock()
         rows = self._db.execute("SELECT query_id, template, cluster_id, arrival_wall, slo_s, predicted_s "
                                 "FROM running").fetchall()
         with self.lock:
@@ -303,11 +408,16 @@ class Runtime:
                 raise RuntimeError_(f"query {query_id} is already running", status=409, field="query_id")
             if self.router_kind != "round-robin":
                 self.check_template(template)
-            if not self.pool.clusters:
-                raise RuntimeError_("the pool has no cluster to route to", status=409)
             now = self.now_s()
+            self.enactor.tick(now)  # scheduled spin-ups due by now, clusters now ready
+            if not self.pool.routable(now):
+                raise RuntimeError_("the pool has no ready cluster to route to", status=409)
+            query = Query(query_id, template, now, slo_s)
+            if self.pool.autoscaler is not None:  # the reactive autoscaler at this arrival, as in simulation
+                self.pool.scale(query, now)
+                self.enactor.drain(now, "autoscaler")
             started = time.perf_counter()
-            decision = self.pool.route(Query(query_id, template, now, slo_s), now)
+            decision = self.pool.route(query, now)
             decision_ms = (time.perf_counter() - started) * 1e3
             cluster = self.pool.clusters[decision.cluster_id].state
             predicted = None if not np.isfinite(decision.predicted_s) else float(decision.predicted_s)
@@ -349,7 +459,10 @@ class Runtime:
             if current is not None:
                 self._check_idle(cluster_id)
                 self._retire_cost(cluster_id)
-            self.pool.add_cluster(cluster_id, size)  # a fresh billing timer, in place of the old one
+            self.pool.add_cluster(cluster_id, size, spun_up_s=self.now_s())  # a fresh timer, in place of the old one
+            self.pool.keep.add(cluster_id)  # the operator's: the plan and the autoscaler leave it alone
+            self.origin[cluster_id] = "operator"
+            self.operator_changed_pool = True
             self._persist_cost(self.now_s())
             return {"cluster_id": cluster_id, "size": size, "changed": True}
 
@@ -359,11 +472,21 @@ class Runtime:
             if cluster_id not in self.pool.clusters:
                 raise RuntimeError_(f"unknown cluster {cluster_id!r}", status=404, field="cluster_id")
             self._check_idle(cluster_id)
-            self._retire_cost(cluster_id)
-            self.pool.remove_cluster(cluster_id)
-            self._db.execute("DELETE FROM cost WHERE cluster_id = ?", (cluster_id,))
+            self._remove_cluster(cluster_id)
+            self.operator_changed_pool = True
             self._persist_cost(self.now_s())
             return {"cluster_id": cluster_id, "retired": True}
+
+    def _remove_cluster(self, cluster_id: str) -> None:
+        """Take an idle cluster out of the pool for good; its accrued cost stays in the total."""
+        self._retire_cost(cluster_id)
+        self.pool.remove_cluster(cluster_id)
+        self.pool.keep.discard(cluster_id)
+        self.origin.pop(cluster_id, None)
+        self._db.execute("DELETE FROM cost WHERE cluster_id = ?", (cluster_id,))
+        # only the retired total: reading every timer now could move one past a restart's reconciled times
+        self._db.execute("INSERT INTO cost VALUES ('_retired', ?) ON CONFLICT(cluster_id) DO UPDATE SET accrued = "
+                         "excluded.accrued", (self.cost_offset.get("_retired", 0.0),))
 
     def _check_idle(self, cluster_id: str) -> None:
         busy = [qid for qid, r in self.pool.running.items() if r.cluster_id == cluster_id]
@@ -388,19 +511,36 @@ class Runtime:
                              "excluded.accrued", rows)
 
     def clusters_view(self) -> dict[str, Any]:
+        """The pool: ready clusters (``clusters``), those still starting, and the recent scaling events."""
         with self.lock:
             now = self.now_s()
+            self.enactor.tick(now)
             return {"clusters": [{"cluster_id": cid, "size": c.size, "running": sorted(
                 qid for qid, r in self.pool.running.items() if r.cluster_id == cid),
-                "accrued_cost": self.cost(cid, now)} for cid, c in self.pool.clusters.items()],
+                "accrued_cost": self.cost(cid, now), "origin": self.origin.get(cid), "retired": c.retired}
+                for cid, c in self.pool.clusters.items() if c.is_ready(now)],
+                "starting": self.enactor.starting(now),
                 "total_cost": self.total_cost(now), "completed": self.completed,
                 "violation_rate": self.violations / self.completed if self.completed else 0.0,
-                "model": self.router_kind, "reconciled": dict(self.reconciled)}
+                "model": self.router_kind, "reconciled": dict(self.reconciled),
+                "events": list(self.enactor.events)[-50:]}
+
+    def execution_view(self) -> dict[str, Any] | None:
+        """The execution-config in force and what it enacted (``GET /v1/execution-config``); ``None``: none."""
+        with self.lock:
+            self.enactor.tick(self.now_s())
+            view = self.enactor.view()
+            return None if view is None else {**self.enactor.current.plan.to_doc(), **view}
 
     def close(self) -> None:
+        self.sizer.close()  # a sizing job under way is waited for; its result is not applied
         with self.lock:
             self._persist_cost(self.now_s())
             self._db.close()
+
+
+def _no_what_if(model: Any) -> Any:
+    raise ValueError("The Spinup Size Selector needs a latency model; the runtime routes round-robin.")
 
 
 def load_templates_table(path: str | Path | None):
