@@ -167,3 +167,35 @@ def test_calibration_round_trips_its_support():
     old = {k: v for k, v in doc.items() if k != "concurrency_support"}  # a bundle written before
     assert MarginCalibration.from_dict(old).concurrency_support is None
     assert "12 running on size 4" in calibration.describe()
+
+
+def test_soft_counts_keep_load_off_a_cluster_whose_queries_are_already_late():
+    # "late": two running queries already predicted past their SLO; the newcomer makes them later still.
+    # "ok": one query just inside its SLO, which the newcomer pushes just past it.
+    # A 0/1 count sees no new violation on "late" (lost anyway) and one on "ok", so it piles onto "late";
+    # the soft count sees the late ones get much worse and the ok one only a little.
+    running = {"late": [Running(1, 0.0, 1.0, 1.2), Running(2, 0.0, 1.0, 1.2)],
+               "ok": [Running(3, 0.0, 10.0, 9.0)]}
+    model = FakeModel({"late": (2.0, [3.0, 3.0]), "ok": (2.0, [10.5])}, running)
+    clusters = [cluster("late", 1, 0.0), cluster("ok", 1, 0.0)]
+    hard = IconqRouter(model).route(Query(9, "t", 1.0, 2.5), clusters, 1.0)
+    assert hard.cluster_id == "late"
+    soft = IconqRouter(model, violation_spread=0.5).route(Query(9, "t", 1.0, 2.5), clusters, 1.0)
+    assert soft.cluster_id == "ok"
+    late = soft.explanation["late"]
+    assert late["violations_after"] - late["violations_before"] > 0.9  # two queries near 0.64 -> near 0.99
+
+
+def test_soft_count_is_half_at_the_threshold():
+    router = IconqRouter(FakeModel({}), violation_spread=0.3)
+    assert router._violations(np.array([2.0]), np.array([2.0])) == pytest.approx(0.5)
+    assert router._violations(np.array([20.0]), np.array([2.0])) == pytest.approx(1.0, abs=1e-6)
+    assert IconqRouter(FakeModel({}))._violations(np.array([2.0, 3.0]), np.array([2.5, 2.5])) == 1
+    with pytest.raises(ValueError, match="violation_spread"):
+        IconqRouter(FakeModel({}), violation_spread=-1.0)
+
+
+def test_calibration_spread_follows_the_median_and_the_quantile():
+    calibration = MarginCalibration(0.5, 0.75, 2.0, 1.0, 100)
+    assert calibration.spread() == pytest.approx(np.log(2.0) / 0.6744897501960817)
+    assert MarginCalibration(0.0, 0.75, 1.0, 1.0, 10).spread() == 0.05  # no spread measured: the floor
