@@ -197,8 +197,9 @@ class QueueScaler:
     def force(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
         return []
 
-    def on_arrival(self, query: Query, clusters: list[ClusterView]) -> list[ScalingAction]:
-        now = query.arrival_s
+    def on_arrival(self, query: Query, clusters: list[ClusterView], now_s: float | None = None
+                   ) -> list[ScalingAction]:
+        now = query.arrival_s if now_s is None else max(now_s, query.arrival_s)
         ready = [c for c in clusters if c.ready]
         actions: list[ScalingAction] = []
         for c in ready:
