@@ -27,12 +27,11 @@ are. The file's metadata records the schema and plan-feature versions.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sloctl.core.errors import QueryLogError
+from sloctl.core.files import atomic_write
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, PLAN_FEATURES
 
 if TYPE_CHECKING:
@@ -213,17 +212,8 @@ def write_log(df: pd.DataFrame, path: str | Path, *, metadata: dict[str, str] | 
         meta[f"sloctl.{key}".encode()] = str(value).encode()
     table = table.replace_schema_metadata(meta)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pq.write_table(table, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path, "wb") as fh:  # readers never see half a file; mode 0o666 & ~umask
+        pq.write_table(table, fh)
     return path
 
 

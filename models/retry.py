@@ -43,9 +43,10 @@ def phi(model: str, rho, m) -> np.ndarray:
     Args:
         model: ``fluid`` (``max(0, 1 - 1/rho)``), ``mm1m`` (exact M/M/1/m
             blocking, stable for large ``rho`` and ``m``) or ``mixed`` (M/M/1/m
-            for ``rho <= 1``, ``1 - (1 - 1/(m+1))/rho`` above: the fluid form
-            corrected by the idle probability at ``rho = 1``; continuous,
-            increasing, tends to 1).
+            for ``rho <= 1``, ``max(1 - 1/rho, 1/(m+1))`` above: the fluid form
+            bounded below by the M/M/1/m rejection at ``rho = 1``; continuous at
+            1, nondecreasing, equal to the fluid model once ``rho >= (m+1)/m``,
+            tends to 1).
         rho: utilisation(s) >= 0.
         m: buffer(s), counting the attempt in service; broadcast against ``rho``.
 

@@ -23,10 +23,39 @@ from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
 from sloctl.models.metrics import q_error_summary
 from sloctl.registry.bundles import load_predictor, save_predictor
 
-__all__ = ["Registration", "connect", "load_model", "load_policy", "register", "register_policy"]
+__all__ = ["Registration", "connect", "load_model", "load_policy", "pip_requirements", "register", "register_policy"]
 
 CHAMPION = "champion"
-_PIP_REQUIREMENTS = ["sloctl", "torch==2.13.0", "lightgbm", "pandas", "numpy"]
+#: What each kind of registered model imports, beyond sloctl itself (pinned to the versions installed here).
+_KIND_PACKAGES: dict[str, tuple[str, ...]] = {
+    "stage": ("lightgbm", "pandas", "numpy"),
+    "iconq": ("lightgbm", "pandas", "numpy", "torch"),
+    "policy": ("pandas",),
+}
+
+
+def pip_requirements(kind: str) -> list[str]:
+    """Exact, minimal pip requirements of a registered ``kind`` (``stage``, ``iconq`` or ``policy``).
+
+    sloctl at this version plus the packages the kind's pyfunc imports, each
+    pinned to the installed version (a local build tag such as ``+cpu`` is
+    dropped: pip resolves ``torch==2.13.0`` to it).
+
+    Raises:
+        ValueError: ``kind`` is not one of the above.
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    if kind not in _KIND_PACKAGES:
+        raise ValueError(f"The 'kind' parameter of pip_requirements must be one of {', '.join(_KIND_PACKAGES)}, "
+                         f"got {kind!r}.")
+    out = []
+    for package in ("sloctl", *_KIND_PACKAGES[kind]):
+        try:
+            out.append(f"{package}=={version(package).split('+')[0]}")
+        except PackageNotFoundError:  # running from a checkout that was never installed
+            out.append(package)
+    return out
 
 
 @dataclass
@@ -93,7 +122,7 @@ def register(result: Any, log: Any, *, name: str, tracking_uri: str, experiment:
 
 
     with _quiet_pyfunc_logging():
-        from sloctl.registry.pyfunc import LatencyPyfunc
+        from sloctl.registry.pyfunc import LatencyPyfunc, latency_input_example, latency_signature
 
     mlflow = connect(tracking_uri)
     mlflow.set_experiment(experiment)
@@ -108,9 +137,12 @@ def register(result: Any, log: Any, *, name: str, tracking_uri: str, experiment:
         mlflow.log_metrics({k: v for k, v in result.metrics.items() if math.isfinite(v)})
         with tempfile.TemporaryDirectory() as tmp, _quiet_pyfunc_logging():
             bundle = save_predictor(result.predictor, Path(tmp) / "bundle")
+            example = latency_input_example(log)
             info = mlflow.pyfunc.log_model(name="model", python_model=LatencyPyfunc(),
-                                           artifacts={"bundle": str(bundle)}, pip_requirements=_PIP_REQUIREMENTS,
-                                           registered_model_name=name)
+                                           artifacts={"bundle": str(bundle)},
+                                           pip_requirements=pip_requirements(result.predictor.kind),
+                                           signature=latency_signature(result.predictor, example),
+                                           input_example=example, registered_model_name=name)
         version = str(info.registered_model_version)
         old_score: float | None = None
         try:
@@ -212,7 +244,7 @@ def register_policy(policy: PolicyDocument, *, tracking_uri: str, experiment: st
             path = Path(tmp) / "policy.json"
             path.write_text(json.dumps(doc, indent=2))
             info = mlflow.pyfunc.log_model(name="model", python_model=PolicyPyfunc(), artifacts={"policy": str(path)},
-                                           pip_requirements=["sloctl", "pandas"], registered_model_name=name)
+                                           pip_requirements=pip_requirements("policy"), registered_model_name=name)
     version = str(info.registered_model_version)
     if alias:
         MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri).set_registered_model_alias(

@@ -29,10 +29,11 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from sloctl.core.files import atomic_write
 
 __all__ = [
     "ROUTE_CONFIG_TYPE",
@@ -308,7 +309,9 @@ def write_rds_file(route_config: Mapping[str, Any], path: str | os.PathLike[str]
 
     Envoy watches the path for a file being *moved* onto it (only a rename is
     atomic; an in-place write could be read half-written), so the JSON is
-    written to a temporary file in the same directory and renamed over ``path``.
+    written to a temporary file in the same directory and renamed over ``path``
+    (:func:`~sloctl.core.files.atomic_write`), with the mode of any new file
+    (0644 under umask 022) so that an Envoy running as another user can read it.
 
     Returns:
         ``path``.
@@ -318,16 +321,8 @@ def write_rds_file(route_config: Mapping[str, Any], path: str | os.PathLike[str]
         raise ValueError("The 'route_config' parameter must be a RouteConfiguration with 'name' and "
                          f"'virtual_hosts', got keys {sorted(route_config)}.")
     doc = {"resources": [{"@type": ROUTE_CONFIG_TYPE, **route_config}]}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "w") as f:  # mode 0o666 & ~umask: an Envoy running as another user reads it
+        json.dump(doc, f, indent=2)
     return path
 
 

@@ -3,7 +3,8 @@
 Kept apart from the public module because it is written for speed, not for
 reading: state lives in flat lists indexed ``j * P + p`` (service j, class p),
 random numbers come from pre-drawn blocks, and the hot paths are closures over
-local variables. Semantics are documented in ``docs/retry_simulator.md``.
+local variables. Semantics are documented in ``docs/retry.md`` (section
+"Simulator", subsection "Semantics").
 
 A *call* is a small list ``[j, p, rec, retries_left]``; a *request* record is
 ``[p, outstanding_calls, failed, arrival_s, attempts, batch]`` where ``batch``

@@ -15,8 +15,8 @@ number for number:
   cancelled, so the branches of a failed request still load the network;
 * a request succeeds when every call in its tree succeeded.
 
-Measurement (after a warm-up) and the JSON shape are documented in
-``docs/retry_simulator.md``; the event loop lives in :mod:`._retry_events`.
+Semantics, measurement (after a warm-up) and the JSON shape are documented in
+``docs/retry.md`` (section "Simulator"); the event loop lives in :mod:`._retry_events`.
 """
 
 from __future__ import annotations

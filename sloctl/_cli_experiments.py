@@ -462,7 +462,12 @@ def experiment_retry_live_cmd(
     if not 0 < backoff_s <= max_backoff_s:
         raise typer.BadParameter(f"need 0 < --backoff-s <= --max-backoff-s; got {backoff_s} and {max_backoff_s}",
                                  param_hint="--backoff-s")
-    result = retry_live_experiment(network, loads=rhos, duration_s=duration_s, seed=seed,
+    from sloctl.config import resolve_network_path
+
+    resolved, packaged = resolve_network_path(network)
+    if packaged:
+        echo(f"{network} not found here; using the network shipped with sloctl: {resolved}")
+    result = retry_live_experiment(resolved, loads=rhos, duration_s=duration_s, seed=seed,
                                    base_interval_s=backoff_s, max_interval_s=max_backoff_s)
     if as_json:
         typer.echo(json.dumps(result, default=float))

@@ -15,14 +15,20 @@ __all__ = ["retry_app"]
 retry_app = typer.Typer(help="Per-class retry budgets (DiffTry): solve, simulate, sweep, optimise.",
                         no_args_is_help=True)
 
-NetworkOption = typer.Option(..., "--network", "-n", help="Network file (YAML, see docs/retry.md).")
+NetworkOption = typer.Option(..., "--network", "-n",
+                             help="Network file (YAML, see docs/retry.md); a bare name (tandem, hotel) or "
+                                  "configs/networks/NAME.yaml not found here reads the example shipped with sloctl.")
 ModelOption = typer.Option("mm1m", "--model", "-m", help="Rejection function: fluid, mm1m or mixed.")
 
 
 def _load(path: Path):
+    from sloctl.config import resolve_network_path
     from sloctl.models.retry_network import load_network
 
-    return load_network(path)
+    resolved, packaged = resolve_network_path(path)
+    if packaged:
+        echo(f"{path} not found here; using the network shipped with sloctl: {resolved}")
+    return load_network(resolved)
 
 
 def _parse_budget(text: str, classes: tuple[str, ...], hint: str) -> dict[str, int]:
@@ -75,7 +81,8 @@ def solve_cmd(
 def simulate_cmd(
     network: Path = NetworkOption,
     seed: int = typer.Option(0, help="Seed of arrivals, service times and retry delays."),
-    duration_s: float = typer.Option(600.0, help="Simulated seconds (a warm-up of 10% is discarded)."),
+    duration_s: float = typer.Option(600.0, help="Simulated seconds, warm-up included (the first max(10%, "
+                                                   "5 mean retry delays) are discarded)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Run the network in the discrete-event simulator (rejections with 95% confidence intervals)."""

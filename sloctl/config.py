@@ -28,6 +28,7 @@ from sloctl.models.stage import StageConfig
 __all__ = [
     "CollectConfig",
     "DEFAULT_CONFIG_PATH",
+    "PACKAGED_NETWORKS_DIR",
     "DemoConfig",
     "IconqSection",
     "RegistrySection",
@@ -38,6 +39,7 @@ __all__ = [
     "WorkloadConfig",
     "from_mapping",
     "load_config",
+    "resolve_network_path",
 ]
 
 
@@ -48,6 +50,37 @@ def _default_config_path() -> Path:
 
 
 DEFAULT_CONFIG_PATH = _default_config_path()
+#: The example networks shipped with sloctl (``configs/networks/*.yaml`` in the checkout).
+PACKAGED_NETWORKS_DIR = DEFAULT_CONFIG_PATH.parent / "networks"
+
+
+def resolve_network_path(path: str | Path) -> tuple[Path, bool]:
+    """The network file ``path`` names, falling back on the copy shipped with sloctl.
+
+    A path that exists relative to the working folder wins. Otherwise a bare
+    name (``hotel`` or ``hotel.yaml``) or the path the README uses
+    (``configs/networks/hotel.yaml``) resolves to the packaged example, so the
+    documented commands work after ``pip install`` outside the checkout.
+
+    Args:
+        path: what the user passed to ``--network``.
+
+    Returns:
+        ``(path to read, True when it is the packaged copy)``; a name that
+        matches nothing comes back unchanged (the loader then says it is missing).
+    """
+    given = Path(path)
+    if given.is_file():
+        return given, False
+    parts = given.parts
+    bare = len(parts) == 1
+    documented = not given.is_absolute() and parts[-3:-1] == ("configs", "networks")
+    if bare or documented:
+        name = given.name if given.suffix in (".yaml", ".yml") else f"{given.name}.yaml"
+        packaged = PACKAGED_NETWORKS_DIR / name
+        if packaged.is_file():
+            return packaged, True
+    return given, False
 
 
 @dataclass(frozen=True)
