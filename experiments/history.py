@@ -32,6 +32,17 @@ smallest cluster when the ready clusters hold ``queue_n`` running queries
 per size unit and nothing is starting, and the §6.2.1 teardown trigger.
 Scheduled spin-ups are torn down by the same trigger once idle.
 
+Re-graded (issue 17). By default the world that tunes is the world that
+grades (one log calibrates both) and the reactive layer is the cheap one
+above. With ``grade_log`` the configuration is still tuned in the world built
+from ``log``, but graded in a world calibrated on the held-out ``grade_log``
+whose service demand is drawn from that log's isolated executions
+(:func:`~sloctl.simulation.emulator.calibrate` with ``demand="empirical"``);
+with ``reactive="iconq"`` grading runs the plan under the Iconq+ Query Router
+and the Autoscaler (Algorithms 2–3, :class:`IconqReactiveRunner`). Tuning
+keeps the cheap reactive layer either way: the Iconq+ layer is too slow for
+the tuning loop, so it enacts the plan only when it is graded.
+
 Time compression. One hour of the day lasts ``hour_units`` mean isolated
 latencies (of the calibrated world's templates on size 1). Counts are
 scaled per instance so that the 95th percentile of the hourly counts in the
@@ -57,26 +68,39 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import AutoscalerConfig, should_tear_down
+from sloctl.control.autoscaler import (
+    Autoscaler,
+    AutoscalerConfig,
+    RelativeAutoscalerSettings,
+    SpinupTrigger,
+    should_tear_down,
+)
 from sloctl.control.managed import ClusterView, ScalingAction
-from sloctl.control.router import ClusterState, Query, RouteDecision
+from sloctl.control.router import ClusterState, IconqRouter, Query, RouteDecision, RouterGuard
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, schedule_spinups
 from sloctl.datasets.forecast import Forecaster
-from sloctl.datasets.querylog import read_log
+from sloctl.datasets.querylog import read_log, template_table
 from sloctl.datasets.reservoir import Reservoir
 from sloctl.experiments.warehouse import ScalingExperimentConfig, mean_delta, scaling_setup
+from sloctl.models.online import OnlinePredictor
+from sloctl.registry.bundles import load_predictor
+from sloctl.registry.routers import build_router
 from sloctl.simulation.batch import CellResult, cell_seed, simulate_batch, timeline_of
+from sloctl.simulation.emulator import calibrate
 from sloctl.simulation.engine import WarehouseSimulator
 from sloctl.training.policy_tuner import SearchSpace, tune_policy
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from sloctl.core.config import RouterSection
     from sloctl.simulation.emulator import WarehouseEmulator
 
 __all__ = [
     "HistoryExperimentConfig",
     "HistoryRunner",
+    "IconqReactiveRunner",
+    "iconq_reactive_runner",
     "history_experiment",
     "pick_instances",
     "pick_target_days",
@@ -242,6 +266,117 @@ class HistoryRunner:
         return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)))
 
 
+_PREDICTORS: dict[str, Any] = {}
+
+
+def _predictor(folder: str) -> Any:
+    # once per process: a runner travels to pool workers as a folder name, never as a model
+    if folder not in _PREDICTORS:
+        _PREDICTORS[folder] = load_predictor(folder)
+    return _PREDICTORS[folder]
+
+
+@dataclass(eq=False)
+class IconqReactiveRunner:
+    """A SimulateBatch runner that enacts a plan under AutoSLO's reactive layer (§5, §6).
+
+    The configuration's starting clusters and scheduled spin-ups
+    (:class:`~sloctl.control.scheduler.ScheduledSpinups`) wrap the Autoscaler:
+    Algorithm 2's spin-up trigger, Algorithm 3's Spinup Size Selector adding
+    clusters (mode ``add``) and the §6.2.1 teardown with the configuration's
+    tuned ``T_idle`` and ``T_min_lifetime``; the Iconq+ Query Router places
+    every query. The router's settings are resolved once, by
+    :func:`~sloctl.registry.routers.build_router` (see
+    :func:`iconq_reactive_runner`); the runner holds plain data and a model
+    folder, so that it pickles to pool workers.
+
+    Attributes:
+        world: the emulated warehouse that grades.
+        predictor_dir: the Iconq+ bundle folder.
+        table: the template table routed with.
+        slo_margin, cost_tolerance, guard, violation_spread: the router's settings.
+        minimum_s: billing minimum ``m``.
+        window_s, theta, tau_trigger, mu, tau_target, candidate_sizes: the
+            Autoscaler's ``w``, ``θ``, ``τ_trigger``, ``μ``, ``τ`` and sizes;
+            they replace the configuration's (the Policy Tuner tunes the
+            teardown timers and the schedule, not these).
+        spinup_delay_s, max_clusters: ``δ`` and the pool limit.
+    """
+
+    world: WarehouseEmulator
+    predictor_dir: str
+    table: pd.DataFrame
+    slo_margin: float
+    cost_tolerance: float
+    minimum_s: float
+    window_s: float
+    spinup_delay_s: float
+    guard: RouterGuard | None = None
+    violation_spread: float = 0.0
+    theta: int = 10
+    tau_trigger: float = 0.1
+    mu: int = 20
+    tau_target: float = 0.1
+    candidate_sizes: tuple[int, ...] = (1, 2)
+    max_clusters: int = 4
+
+    def make_router(self, model: Any) -> IconqRouter:
+        """An Iconq+ router over ``model`` (the live one, or a fork for the size selector's what-if runs)."""
+        return IconqRouter(model, slo_margin=self.slo_margin, cost_tolerance=self.cost_tolerance, guard=self.guard,
+                           violation_spread=self.violation_spread)
+
+    def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
+        router = self.make_router(OnlinePredictor(_predictor(self.predictor_dir), self.table))
+        inner = None
+        if config.autoscaler is not None:
+            knobs = dataclasses.replace(config.autoscaler, window_s=self.window_s, theta=self.theta,
+                                        tau_trigger=self.tau_trigger, mu=self.mu, tau_target=self.tau_target,
+                                        candidate_sizes=tuple(self.candidate_sizes),
+                                        spinup_delay_s=self.spinup_delay_s, max_clusters=self.max_clusters)
+            inner = Autoscaler(knobs, SpinupTrigger(knobs.theta, knobs.tau_trigger), router, self.make_router,
+                               mode="add", minimum_s=self.minimum_s)
+        scheduled = ScheduledSpinups(config.spinups, inner, spinup_delay_s=self.spinup_delay_s,
+                                     max_clusters=self.max_clusters)
+        clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(config.start_sizes)]
+        sim = WarehouseSimulator(self.world, clusters, router, minimum_s=self.minimum_s, seed=seed,
+                                 autoscaler=scheduled)
+        out = sim.run(list(queries))
+        return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)))
+
+
+def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: pd.DataFrame, *, mean_iso: float,
+                          minimum_s: float, spinup_delay_s: float, tau_target: float, sizes: Sequence[int],
+                          max_clusters: int, router: RouterSection | None = None) -> IconqReactiveRunner:
+    """The :class:`IconqReactiveRunner` for a model bundle, its router settings resolved by ``build_router``.
+
+    Args:
+        world: the world that grades.
+        model_dir: the Iconq+ bundle folder (``save_predictor``).
+        log: the training log: its template table is routed with, and it
+            calibrates the SLO margin of a bundle that carries none.
+        mean_iso: ℓ̄, the time unit the Autoscaler's window (20 ℓ̄, the
+            :class:`~sloctl.control.autoscaler.RelativeAutoscalerSettings`
+            default) is scaled by.
+        minimum_s, spinup_delay_s, max_clusters: billing minimum, ``δ``, pool limit.
+        tau_target: ``τ`` of the Spinup Size Selector.
+        sizes: sizes the selector may add.
+        router: the ``router:`` settings (default: the defaults).
+    """
+    from sloctl.core.config import RouterSection
+
+    table = template_table(log)
+    built = build_router(_predictor(str(model_dir)), router or RouterSection(), templates=table, log=log)
+    if built.kind != "iconq":
+        raise ValueError(f"The 'model_dir' parameter must hold an Iconq+ model with a template table, got a "
+                         f"{built.kind} router from {model_dir}.")
+    relative = RelativeAutoscalerSettings()
+    return IconqReactiveRunner(
+        world, str(model_dir), table, built.slo_margin, built.cost_tolerance, minimum_s,
+        relative.window_s * mean_iso, spinup_delay_s, guard=built.guard, violation_spread=built.violation_spread,
+        theta=relative.theta, tau_trigger=relative.tau_trigger, mu=relative.mu, tau_target=tau_target,
+        candidate_sizes=tuple(sizes), max_clusters=max_clusters)
+
+
 # -- instances, days and workloads ---------------------------------------------------------------------------
 
 def _hourly_frame(source: str | Path | pd.DataFrame) -> pd.DataFrame:
@@ -264,12 +399,14 @@ def _day_matrix(rows: pd.DataFrame) -> tuple[dt.date, np.ndarray]:
     return day0.date(), out.reshape(days, 24)
 
 
-def pick_target_days(rows: pd.DataFrame, n: int = 2, min_history_days: int = 31) -> list[str]:
+def pick_target_days(rows: pd.DataFrame, n: int = 2, min_history_days: int = 31, min_gap_days: int = 28
+                     ) -> list[str]:
     """Target days of one instance: complete weekdays with queries and ``min_history_days`` before them.
 
     The first is the latest such day; each further one is the latest at least
-    28 days before the previous (so that, as in the paper, the recent
-    histories barely overlap), or else the latest earlier one.
+    ``min_gap_days`` before the previous (so that, as in the paper, the recent
+    histories barely overlap; ``min_gap_days`` ≥ the history length keeps
+    them apart), or else the latest earlier one.
     """
     day0, matrix = _day_matrix(rows)
     eligible = [day0 + dt.timedelta(days=d) for d in range(min_history_days, len(matrix) - 1)  # last day: partial
@@ -279,7 +416,7 @@ def pick_target_days(rows: pd.DataFrame, n: int = 2, min_history_days: int = 31)
     for _ in range(n):
         if not eligible:
             break
-        far = [d for d in eligible if picked and d <= picked[-1] - dt.timedelta(days=28)]
+        far = [d for d in eligible if picked and d <= picked[-1] - dt.timedelta(days=min_gap_days)]
         day = max(far) if far else max(eligible)
         picked.append(day)
         eligible = [d for d in eligible if d < day]
@@ -353,18 +490,40 @@ class _Cell:
     seed: int
 
 
-def _run_cell(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, slo_ref: dict[str, float],
-              templates: list[str], mean_iso: float, scale: float, cfg: HistoryExperimentConfig) -> dict[str, Any]:
-    """Tune on ``H`` days of forecasts (``H > 0``), then grade on the actual day."""
-    import pandas as pd
+@dataclass(frozen=True, eq=False)
+class _CellSetup:
+    """What tuning and grading one cell share: the compressed day's clock, the actual arrivals, the cheap layer.
+
+    Attributes:
+        hour_s: one hour of the compressed day.
+        target, day0, t: the target date, the instance's first date, and ``target - day0`` in days.
+        matrix: the instance's hourly counts, shape (days, 24).
+        day_seed: seed prefix of everything drawn for this (instance, day).
+        actuals: ``grading_draws`` placements of the actual day's arrivals.
+        autoscaler: the reactive knobs before tuning.
+        runner: the cheap reactive layer (:class:`HistoryRunner`) in the tuning world.
+        base: the configuration without history.
+    """
+
+    hour_s: float
+    target: dt.date
+    day0: dt.date
+    t: int
+    matrix: np.ndarray
+    day_seed: tuple[int, ...]
+    actuals: list[tuple[np.ndarray, np.ndarray]]
+    autoscaler: AutoscalerConfig
+    runner: HistoryRunner
+    base: ExecutionConfig
 
 
-    started = time.perf_counter()
+def _cell_setup(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, templates: list[str], mean_iso: float,
+                scale: float, cfg: HistoryExperimentConfig) -> _CellSetup:
     hour_s = cfg.hour_units * mean_iso
     target = dt.date.fromisoformat(cell.day)
     day0, matrix = _day_matrix(rows)
     t = (target - day0).days
-    day_seed = [cell.seed, cell.instance, target.toordinal()]
+    day_seed = (cell.seed, cell.instance, target.toordinal())
     actuals = [_compress(_actual_pairs(matrix[t], np.random.default_rng([*day_seed, 0, d])), scale, hour_s,
                          templates, np.random.default_rng([*day_seed, 1, d])) for d in range(cfg.grading_draws)]
     autoscaler = AutoscalerConfig(
@@ -373,59 +532,90 @@ def _run_cell(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, slo_ref
         max_clusters=cfg.max_clusters)
     runner = HistoryRunner(world, cfg.minimum_units * mean_iso, cfg.queue_n, cfg.pack_n,
                            autoscaler.spinup_delay_s, cfg.max_clusters)
-    base = ExecutionConfig(autoscaler=autoscaler)
+    return _CellSetup(hour_s, target, day0, t, matrix, day_seed, actuals, autoscaler, runner,
+                      ExecutionConfig(autoscaler=autoscaler))
+
+
+def _history_reservoir(folder: str | Path, cell: _Cell, setup: _CellSetup) -> Reservoir:
+    """A reservoir holding only the ``H`` days before the target (hourly counts)."""
+    import pandas as pd
+
+    reservoir = Reservoir(Path(folder) / "reservoir.sqlite", seed=cell.seed)
+    lo = setup.t - cell.history_days
+    history = [{"timestamp": dt.datetime.combine(setup.day0 + dt.timedelta(days=d), dt.time(h)),
+                "query_count": int(setup.matrix[d, h])} for d in range(max(lo, 0), setup.t) for h in range(24)]
+    reservoir.add_hourly_counts(pd.DataFrame(history))
+    return reservoir
+
+
+def _tune_on_history(cell: _Cell, setup: _CellSetup, slo_ref: dict[str, float], templates: list[str],
+                     mean_iso: float, scale: float, cfg: HistoryExperimentConfig
+                     ) -> tuple[ExecutionConfig, dict[str, Any]]:
+    """The Policy Tuner on ``H > 0`` days of forecasts (§8.7): the chosen configuration and what to report."""
+    hour_s, autoscaler, base = setup.hour_s, setup.autoscaler, setup.base
+    forecasts = []
+    with tempfile.TemporaryDirectory() as folder:
+        forecaster = Forecaster(_history_reservoir(folder, cell, setup), cfg.policy, seed=cell.seed)
+        for j in range(cfg.n_train + cfg.n_validation):
+            pairs = forecaster.workload(setup.target, seed=cell.seed * 1000 + j)
+            forecasts.append(_compress(pairs, scale, hour_s, templates,
+                                       np.random.default_rng([*setup.day_seed, 100 + j])))
+    workloads = [_queries(f, templates, slo_ref, cell.kappa) for f in forecasts]
+    evaluate = partial(simulate_batch, runner=setup.runner, workers=1, seed=cell_seed(cell.seed, 7))
+    schedule_args = dict(evaluate=evaluate, train=workloads[:cfg.n_train], validation=workloads[cfg.n_train:],
+                         sizes=cfg.sizes, tau_target=cfg.tau_target, delta_s=autoscaler.spinup_delay_s,
+                         eta=cfg.eta, phi=cfg.phi, sigma_min_s=cfg.sigma_min_hours * hour_s,
+                         merge_gap_s=cfg.merge_gap_hours * hour_s)
+    row: dict[str, Any] = {}
+    if cfg.tune_knobs:
+        space = SearchSpace({
+            "start_clusters": [1, 2], "start_size": list(cfg.sizes),
+            "t_idle_s": (0.2 * autoscaler.t_idle_s, 5.0 * autoscaler.t_idle_s, "log"),
+            "t_min_lifetime_s": (0.2 * autoscaler.t_min_lifetime_s, 5.0 * autoscaler.t_min_lifetime_s, "log")})
+        policy = tune_policy(space, base=base, strategy="adaptive", budget=cfg.knob_budget, seed=cell.seed,
+                             **schedule_args)
+        result, chosen = policy.schedule, policy.best
+        row["knobs"] = {"start_sizes": list(chosen.start_sizes),
+                        "t_idle_units": chosen.autoscaler.t_idle_s / mean_iso,
+                        "t_min_lifetime_units": chosen.autoscaler.t_min_lifetime_s / mean_iso}
+    else:
+        result = schedule_spinups([base], **schedule_args)
+        chosen = result.best
+    forecast_hourly = np.mean([np.bincount(np.minimum((f[0] // hour_s).astype(int), 23), minlength=24)
+                               for f in forecasts], axis=0)
+    actual_hourly = np.bincount(np.minimum((setup.actuals[0][0] // hour_s).astype(int), 23), minlength=24)
+    row.update({
+        "forecast_queries": float(np.mean([len(f[0]) for f in forecasts])),
+        "forecast_wape": float(np.abs(forecast_hourly - actual_hourly).sum() / max(actual_hourly.sum(), 1)),
+        "forecast_fingerprints": [_fingerprint(f) for f in forecasts],
+        "validation_vr": result.best_validation[0], "simulations": result.simulations})
+    return chosen, row
+
+
+def _run_cell(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, slo_ref: dict[str, float],
+              templates: list[str], mean_iso: float, scale: float, cfg: HistoryExperimentConfig,
+              grade_runner: Any = None) -> dict[str, Any]:
+    """Tune on ``H`` days of forecasts (``H > 0``), then grade on the actual day.
+
+    ``grade_runner`` grades instead of the tuning world's cheap layer (the
+    re-graded Table 5: another world, or the Iconq+ reactive layer).
+    """
+    started = time.perf_counter()
+    setup = _cell_setup(cell, rows, world, templates, mean_iso, scale, cfg)
     row: dict[str, Any] = {"instance": cell.instance, "day": cell.day, "kappa": cell.kappa,
                            "history_days": cell.history_days,
-                           "actual_queries": float(np.mean([len(a[0]) for a in actuals])),
-                           "actual_fingerprints": [_fingerprint(a) for a in actuals]}
-    chosen = base
+                           "actual_queries": float(np.mean([len(a[0]) for a in setup.actuals])),
+                           "actual_fingerprints": [_fingerprint(a) for a in setup.actuals]}
+    chosen = setup.base
     if cell.history_days > 0:
-        forecasts = []
-        with tempfile.TemporaryDirectory() as folder:
-            reservoir = Reservoir(Path(folder) / "reservoir.sqlite", seed=cell.seed)
-            lo = t - cell.history_days
-            history = [{"timestamp": dt.datetime.combine(day0 + dt.timedelta(days=d), dt.time(h)),
-                        "query_count": int(matrix[d, h])} for d in range(max(lo, 0), t) for h in range(24)]
-            reservoir.add_hourly_counts(pd.DataFrame(history))
-            forecaster = Forecaster(reservoir, cfg.policy, seed=cell.seed)
-            for j in range(cfg.n_train + cfg.n_validation):
-                pairs = forecaster.workload(target, seed=cell.seed * 1000 + j)
-                forecasts.append(_compress(pairs, scale, hour_s, templates,
-                                           np.random.default_rng([*day_seed, 100 + j])))
-        workloads = [_queries(f, templates, slo_ref, cell.kappa) for f in forecasts]
-        evaluate = partial(simulate_batch, runner=runner, workers=1, seed=cell_seed(cell.seed, 7))
-        schedule_args = dict(evaluate=evaluate, train=workloads[:cfg.n_train], validation=workloads[cfg.n_train:],
-                             sizes=cfg.sizes, tau_target=cfg.tau_target, delta_s=autoscaler.spinup_delay_s,
-                             eta=cfg.eta, phi=cfg.phi, sigma_min_s=cfg.sigma_min_hours * hour_s,
-                             merge_gap_s=cfg.merge_gap_hours * hour_s)
-        if cfg.tune_knobs:
-
-            space = SearchSpace({
-                "start_clusters": [1, 2], "start_size": list(cfg.sizes),
-                "t_idle_s": (0.2 * autoscaler.t_idle_s, 5.0 * autoscaler.t_idle_s, "log"),
-                "t_min_lifetime_s": (0.2 * autoscaler.t_min_lifetime_s, 5.0 * autoscaler.t_min_lifetime_s, "log")})
-            policy = tune_policy(space, base=base, strategy="adaptive", budget=cfg.knob_budget, seed=cell.seed,
-                                 **schedule_args)
-            result, chosen = policy.schedule, policy.best
-            row["knobs"] = {"start_sizes": list(chosen.start_sizes),
-                            "t_idle_units": chosen.autoscaler.t_idle_s / mean_iso,
-                            "t_min_lifetime_units": chosen.autoscaler.t_min_lifetime_s / mean_iso}
-        else:
-            result = schedule_spinups([base], **schedule_args)
-            chosen = result.best
-        forecast_hourly = np.mean([np.bincount(np.minimum((f[0] // hour_s).astype(int), 23), minlength=24)
-                                   for f in forecasts], axis=0)
-        actual_hourly = np.bincount(np.minimum((actuals[0][0] // hour_s).astype(int), 23), minlength=24)
-        row.update({
-            "forecast_queries": float(np.mean([len(f[0]) for f in forecasts])),
-            "forecast_wape": float(np.abs(forecast_hourly - actual_hourly).sum() / max(actual_hourly.sum(), 1)),
-            "forecast_fingerprints": [_fingerprint(f) for f in forecasts],
-            "validation_vr": result.best_validation[0], "simulations": result.simulations})
-    graded = [runner(chosen, _queries(a, templates, slo_ref, cell.kappa), cell_seed(cell.seed, 9 + d))
-              for d, a in enumerate(actuals)]
+        chosen, tuned = _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, cfg)
+        row.update(tuned)
+    grader = grade_runner if grade_runner is not None else setup.runner
+    graded = [grader(chosen, _queries(a, templates, slo_ref, cell.kappa), cell_seed(cell.seed, 9 + d))
+              for d, a in enumerate(setup.actuals)]
     row.update({"vr": float(np.mean([g.vr for g in graded])),
-                "cost": float(np.mean([g.cost for g in graded])) / hour_s,
-                "spinups": [[s.time_s / hour_s, s.size] for s in chosen.spinups],
+                "cost": float(np.mean([g.cost for g in graded])) / setup.hour_s,
+                "spinups": [[s.time_s / setup.hour_s, s.size] for s in chosen.spinups],
                 "wall_s": time.perf_counter() - started})
     return row
 
@@ -456,10 +646,38 @@ def _summary(rows: list[dict[str, Any]], histories: Sequence[int]) -> dict[str, 
             "scenarios": len(complete)}
 
 
+def log_data_hash(log: pd.DataFrame) -> str:
+    """SHA-256 of a query log's rows (not its file): two copies of one log hash alike whatever their file names."""
+    import pandas as pd
+
+    rows = pd.util.hash_pandas_object(log.reset_index(drop=True), index=False).to_numpy()
+    columns = "\x1f".join(map(str, log.columns)).encode()
+    return hashlib.sha256(columns + rows.tobytes()).hexdigest()
+
+
+def grading_world(grade_log: pd.DataFrame, templates: Sequence[str], sizes: Sequence[int], *, seed: int = 0
+                  ) -> tuple[WarehouseEmulator, Any, list[str]]:
+    """The held-out world that grades: calibrated on ``grade_log``, service demand drawn from its isolated runs.
+
+    Returns:
+        The world, its calibration report, and the templates of ``templates``
+        it measured on every size of ``sizes`` (the workload is drawn from
+        those only, so that tuning and grading see the same templates).
+    """
+    world, report = calibrate(grade_log, seed=seed, demand="empirical")
+    kept = [t for t in templates if all((t, int(s)) in world.isolated_s for s in sizes)]
+    if not kept:
+        raise ValueError(f"The 'grade_log' parameter must hold isolated runs of the training log's templates on "
+                         f"every size {list(sizes)}, got none in common (its sizes: {list(world.sizes)}).")
+    return world, report, kept
+
+
 def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
                        instances: Sequence[int] | None = None, n_instances: int = 3,
                        config: HistoryExperimentConfig | None = None, workers: int | None = None,
-                       seed: int = 0, quick: bool = False) -> dict[str, Any]:
+                       seed: int = 0, quick: bool = False, grade_log: pd.DataFrame | None = None,
+                       reactive: str = "queue", model_dir: str | Path | None = None,
+                       router: RouterSection | None = None) -> dict[str, Any]:
     """Run the Table 5 grid on Redset hourly contours; returns a JSON-able dict.
 
     Args:
@@ -471,13 +689,28 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
             :meth:`HistoryExperimentConfig.quick`).
         workers: processes over table cells (default: all cores); 1 runs inline.
         seed: seed of forecasts, actual-day arrivals and service times.
+        grade_log: a held-out log (neither the model nor the tuner saw it);
+            grade in the world calibrated on it (:func:`grading_world`)
+            instead of the tuning world. ``None``: tune and grade in one world.
+        reactive: the reactive layer that grades: ``"queue"`` (packing
+            router + Queue@N, as the tuner plans with) or ``"iconq"``
+            (:class:`IconqReactiveRunner`; needs ``model_dir``).
+        model_dir: Iconq+ bundle folder for ``reactive="iconq"``.
+        router: the ``router:`` settings of the Iconq+ router.
 
     Returns:
         ``{"rows": [one per (instance, day, κ, H)], "summary": {"mean_delta_vs_H0":
         {"H=1": {"vr", "cost", ...}}, ...}, "instances", "days", "scale", "config", "wall_s"}``.
         ``vr`` is the actual day's violation rate; ``cost`` is in size-1
-        cluster-hours of the compressed day.
+        cluster-hours of the compressed day. Re-graded runs (``grade_log`` or
+        ``reactive="iconq"``) add ``"world"``: which log tuned, which graded,
+        and which reactive layer enacted the plan.
     """
+    if reactive not in ("queue", "iconq"):
+        raise ValueError(f"The 'reactive' parameter must be 'queue' or 'iconq', got {reactive!r}.")
+    if reactive == "iconq" and model_dir is None:
+        raise ValueError("The 'model_dir' parameter must name an Iconq+ bundle folder with reactive='iconq', "
+                         "got None.")
 
     started = time.perf_counter()
     cfg = config or HistoryExperimentConfig()
@@ -489,6 +722,29 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
         instances = pick_instances(frame, n_instances, min_history, cfg.n_target_days)
     world, report, slo_ref, templates, mean_iso, _ = scaling_setup(
         log, ScalingExperimentConfig(start_sizes=(1,), candidate_sizes=tuple(cfg.sizes), seed=seed))
+    grade_runner, world_doc = None, None
+    if grade_log is not None or reactive != "queue":
+        grade_world, grade_report = world, report
+        if grade_log is not None:
+            grade_world, grade_report, templates = grading_world(grade_log, templates, cfg.sizes, seed=seed)
+        if reactive == "iconq":
+            grade_runner = iconq_reactive_runner(
+                grade_world, model_dir, log, mean_iso=mean_iso, minimum_s=cfg.minimum_units * mean_iso,
+                spinup_delay_s=cfg.spinup_delay_units * mean_iso, tau_target=cfg.tau_target, sizes=cfg.sizes,
+                max_clusters=cfg.max_clusters, router=router)
+        else:
+            grade_runner = HistoryRunner(grade_world, cfg.minimum_units * mean_iso, cfg.queue_n, cfg.pack_n,
+                                         cfg.spinup_delay_units * mean_iso, cfg.max_clusters)
+        world_doc = {
+            "tuned_in": {"log_sha256": log_data_hash(log), "demand": world.demand,
+                         "reactive": "packing router + Queue@N + teardown"},
+            "graded_in": {"log_sha256": log_data_hash(grade_log if grade_log is not None else log),
+                          "held_out": grade_log is not None, "demand": grade_world.demand,
+                          "alpha": {str(k): v for k, v in grade_report.alpha.items()},
+                          "reactive": ("Iconq+ router + Autoscaler (Algorithms 2-3, mode add) + teardown"
+                                       if reactive == "iconq" else "packing router + Queue@N + teardown")},
+            "model_dir": None if model_dir is None else str(model_dir),
+            "templates": len(templates)}
     cells, args, days, scales = [], {}, {}, {}
     for instance in instances:
         rows = frame[frame["instance_id"] == instance]
@@ -499,7 +755,7 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
             raise ValueError(f"Instance {instance} has no weekday with {min_history} days of history before it.")
         scales[int(instance)] = _scale(rows, min(days[int(instance)]), cfg)
         args[int(instance)] = (rows[["ts", "query_count"]].copy(), world, slo_ref, templates, mean_iso,
-                               scales[int(instance)], cfg)
+                               scales[int(instance)], cfg, grade_runner)
         cells += [_Cell(int(instance), day, kappa, h, seed) for day in days[int(instance)] for kappa in cfg.kappas
                   for h in cfg.histories_days]
     cells.sort(key=lambda c: -c.history_days)  # longest first: better packing on the pool
@@ -514,7 +770,7 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
         with ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             rows_out = list(pool.map(_run_cell, cells, *zip(*(args[c.instance] for c in cells), strict=True)))
     rows_out.sort(key=lambda r: (r["instance"], r["day"], -r["kappa"], r["history_days"]))
-    return {
+    out = {
         "rows": rows_out,
         "summary": _summary(rows_out, cfg.histories_days),
         "instances": [int(i) for i in instances],
@@ -527,11 +783,16 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
         "workers": n_workers,
         "wall_s": time.perf_counter() - started,
     }
+    if world_doc is not None:
+        out["world"] = world_doc
+    return out
 
 
 def run_table5(hourly_path: str | Path, log_path: str | Path | pd.DataFrame | None = None, *,
                instances: Sequence[int] | None = None, seed: int = 0, quick: bool = False,
-               tune_knobs: bool = True) -> dict[str, Any]:
+               tune_knobs: bool = True, grade_log: pd.DataFrame | None = None, reactive: str = "queue",
+               model_dir: str | Path | None = None, router: RouterSection | None = None,
+               tau_target: float | None = None) -> dict[str, Any]:
     """Table 5 from files: the Redset hourly Parquet and a query log (default: the bench log).
 
     ``log_path`` may also be a log already read (several runs merged by
@@ -540,6 +801,9 @@ def run_table5(hourly_path: str | Path, log_path: str | Path | pd.DataFrame | No
     about 1.5 minutes on 2 cores with the bench log);
     ``quick`` picks 1 and shrinks the tuning (:meth:`HistoryExperimentConfig.quick`);
     ``tune_knobs=False`` runs the Spin-up Scheduler alone (the ablation).
+    ``grade_log``, ``reactive``, ``model_dir`` and ``router`` re-grade it
+    (see :func:`history_experiment`); ``tau_target`` replaces ``τ`` (0.05;
+    the paper's §8.2 uses 0.1).
     """
     import pandas as pd
 
@@ -551,5 +815,9 @@ def run_table5(hourly_path: str | Path, log_path: str | Path | pd.DataFrame | No
             raise FileNotFoundError(f"The 'log_path' parameter must name a query log, got {path} (missing); "
                                     f"collect one with `sloctl collect` or pass log_path.")
         log = read_log(path)
+    config = HistoryExperimentConfig(tune_knobs=tune_knobs)
+    if tau_target is not None:
+        config = dataclasses.replace(config, tau_target=tau_target)
     return history_experiment(hourly_path, log, instances=instances, n_instances=1 if quick else 3,
-                              config=HistoryExperimentConfig(tune_knobs=tune_knobs), seed=seed, quick=quick)
+                              config=config, seed=seed, quick=quick, grade_log=grade_log, reactive=reactive,
+                              model_dir=model_dir, router=router)

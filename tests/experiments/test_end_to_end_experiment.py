@@ -1,0 +1,254 @@
+"""AutoSLO end to end (§8.2) in simulation, graded in a held-out world (issue 17)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sloctl.control.managed import ClusterView
+from sloctl.control.router import Query, RoundRobinRouter
+from sloctl.experiments.end_to_end import (
+    EndToEndConfig,
+    RaisScaler,
+    RaisSetting,
+    end_to_end_experiment,
+    same_log_reason,
+    summarize,
+)
+from sloctl.experiments.history import HistoryExperimentConfig
+from sloctl.simulation.emulator import WarehouseEmulator, calibrate
+from sloctl.simulation.engine import WarehouseSimulator
+
+BUSY_HOURS = (9, 10, 11)
+TINY = EndToEndConfig(tuner=HistoryExperimentConfig(
+    histories_days=(7,), kappas=(2.0, 4.0), n_target_days=2, tau_target=0.1, hour_units=10.0, peak_load=1.0,
+    n_train=1, n_validation=1, eta=1, phi=1, knob_budget=2, grading_draws=1))
+
+
+def busy_morning_contour(days: int = 30, seed: int = 0) -> pd.DataFrame:
+    """Three busy morning hours a day and nothing else: a day of a few dozen queries once compressed."""
+    rng = np.random.default_rng(seed)
+    stamps = pd.date_range("2024-03-01", periods=days * 24, freq="h")
+    counts = np.where(np.isin(stamps.hour, BUSY_HOURS), rng.poisson(100, len(stamps)), 0)
+    return pd.DataFrame({"instance_id": 7, "timestamp": stamps, "query_count": counts})
+
+
+def held_out(log: pd.DataFrame, factor: float = 1.1) -> pd.DataFrame:
+    """Another "collection" of the same system: every time stretched, so no row equals a training row."""
+    out = log.copy()
+    for column in ("arrival_s", "start_s", "end_s", "latency_s"):
+        out[column] = out[column] * factor
+    return out
+
+
+def isolated_log(runs: dict[tuple[str, int], list[float]]) -> pd.DataFrame:
+    """Each latency as an execution alone on its own cluster."""
+    rows, t = [], 0.0
+    for (template, size), latencies in runs.items():
+        for i, latency in enumerate(latencies):
+            rows.append({"template": template, "cluster_id": f"{template}-{size}-{i}", "cluster_size": size,
+                         "arrival_s": t, "start_s": t, "end_s": t + latency, "latency_s": latency, "status": "ok"})
+            t += latency + 1.0
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def model_dir(trained_models, tmp_path_factory):
+    from sloctl.registry.bundles import save_predictor
+
+    return str(save_predictor(trained_models["iconq"].predictor, tmp_path_factory.mktemp("model") / "iconq"))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(sim_log, model_dir):
+    return end_to_end_experiment(busy_morning_contour(), sim_log, held_out(sim_log), model_dir, config=TINY,
+                                 seed=0)
+
+
+def test_result_has_the_issue_json_shape_and_says_which_world_graded(tiny_run, sim_log):
+    doc = json.loads(json.dumps(tiny_run.to_json()))
+    assert set(doc) == {"tau_target", "world", "scenarios", "summary"}
+    assert doc["tau_target"] == 0.1
+    assert len(doc["scenarios"]) == 4  # two days × κ ∈ {2, 4}
+    approaches = {"autoslo", "fixed-large", "fixed-2x-half", "queue@4", "rais-balanced", "rais-performance"}
+    for scenario in doc["scenarios"]:
+        assert set(scenario) == {"day", "kappa", "results"} and scenario["kappa"] in (2.0, 4.0)
+        assert set(scenario["results"]) == approaches
+        for r in scenario["results"].values():
+            assert set(r) == {"vr", "cost", "meets_tau"}
+            assert 0.0 <= r["vr"] <= 1.0 and r["cost"] > 0 and r["meets_tau"] == (r["vr"] <= 0.1)
+    assert set(doc["summary"]) == {"autoslo_meets_tau_all", "cost_vs_next_best", "cost_vs_rais_balanced"}
+    world = doc["world"]
+    assert world["grade_log"]["demand"] == "empirical" and world["train_log"]["demand"] == "median"
+    assert world["grade_log"]["sha256"] != world["train_log"]["sha256"] and not world["same_log"]
+    assert world["histories_overlap_days"] == 0  # the two days' 7-day histories are apart
+    days = [pd.Timestamp(d) for d in world["days"]]
+    assert (days[0] - days[1]).days > 7
+
+
+def test_summary_compares_with_the_cheapest_baseline_that_meets_tau():
+    def scenario(autoslo, **others):
+        results = {"autoslo": {"vr": autoslo[0], "cost": autoslo[1], "meets_tau": autoslo[0] <= 0.1}}
+        results.update({k: {"vr": v, "cost": c, "meets_tau": v <= 0.1} for k, (v, c) in others.items()})
+        return {"day": "d", "kappa": 2.0, "results": results}
+
+    summary = summarize([
+        scenario((0.05, 6.0), **{"fixed-large": (0.0, 12.0), "rais-balanced": (0.08, 8.0), "queue@4": (0.3, 2.0)}),
+        scenario((0.09, 9.0), **{"fixed-large": (0.2, 4.0), "rais-balanced": (0.12, 10.0)}),  # none meets τ
+    ])
+    assert summary["autoslo_meets_tau_all"] is True
+    assert summary["cost_vs_next_best"] == pytest.approx(6.0 / 8.0 - 1.0)  # queue@4 is cheaper but misses τ
+    assert summary["cost_vs_rais_balanced"] == pytest.approx(np.mean([6.0 / 8.0 - 1.0, 9.0 / 10.0 - 1.0]))
+
+
+def test_grading_on_the_training_log_is_refused_unless_allowed(sim_log, model_dir):
+    with pytest.raises(ValueError, match="'grade_log'"):
+        end_to_end_experiment(busy_morning_contour(), sim_log, sim_log.copy(), model_dir, config=TINY)
+
+
+def test_same_log_is_found_by_name_and_by_content(sim_log, tmp_path):
+    a, copy, other = tmp_path / "a.parquet", tmp_path / "copy.parquet", tmp_path / "other.parquet"
+    sim_log.to_parquet(a)
+    shutil.copy(a, copy)
+    held_out(sim_log).to_parquet(other)
+    assert "same file" in same_log_reason([a], [tmp_path / "." / "a.parquet"])
+    assert "same rows" in same_log_reason([a], [copy])
+    assert same_log_reason([a], [other]) is None
+
+
+def test_cli_refuses_the_training_log_as_grading_log_naming_grade_log(sim_log, model_dir, tmp_path, run_sloctl):
+    log, copy, hourly = tmp_path / "log.parquet", tmp_path / "copy.parquet", tmp_path / "hourly.parquet"
+    sim_log.to_parquet(log)
+    shutil.copy(log, copy)
+    busy_morning_contour(days=70).to_parquet(hourly)
+    for grade in (log, copy):
+        proc = run_sloctl("experiment", "end-to-end", "--hourly", hourly, "--train-log", log, "--grade-log", grade,
+                          "--model", model_dir, "--quick", "--json", "--plots", "", timeout_s=120)
+        assert proc.returncode == 2, proc.stderr
+        assert "--grade-log" in proc.stderr and "--allow-same-log" in proc.stderr
+
+
+def test_cli_grades_on_the_training_log_when_allowed(sim_log, model_dir, tmp_path, run_sloctl):
+    log, hourly = tmp_path / "log.parquet", tmp_path / "hourly.parquet"
+    sim_log.to_parquet(log)
+    busy_morning_contour(days=70).to_parquet(hourly)
+    proc = run_sloctl("experiment", "end-to-end", "--hourly", hourly, "--train-log", log, "--grade-log", log,
+                      "--model", model_dir, "--quick", "--json", "--allow-same-log", "--plots", tmp_path / "png",
+                      timeout_s=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["world"]["same_log"] is True and "not held out" in proc.stderr
+    assert len(list((tmp_path / "png").glob("*.png"))) == len(doc["scenarios"]) == 4
+
+
+def test_empirical_world_draws_the_held_out_isolated_latencies_not_their_median():
+    runs = {("a", 1): [1.0, 1.5, 3.0], ("a", 2): [0.6, 0.9, 1.1], ("b", 1): [2.0, 2.2, 5.0]}
+    log = isolated_log(runs)
+    empirical, _ = calibrate(log, demand="empirical")
+    median, _ = calibrate(log)
+    assert (empirical.demand, median.demand) == ("empirical", "median")
+
+    def draws(world: WarehouseEmulator, seed: int) -> list[float]:
+        rng = np.random.default_rng(seed)
+        return [world.service_s("a", 1, rng) for _ in range(40)]
+
+    assert draws(empirical, 3) == draws(empirical, 3)  # seeded
+    assert draws(empirical, 3) != draws(empirical, 4)
+    assert set(draws(empirical, 3)) == {1.0, 1.5, 3.0}  # its own executions, each of them, nothing else
+    assert empirical.service_s("a", 1) == median.service_s("a", 1) == 1.5  # without a seed: the median
+    assert not set(draws(median, 3)) & {1.0, 3.0}  # the median world draws noise around 1.5 instead
+
+    # through the simulator: queries that never overlap take exactly a drawn isolated latency
+    queries = [Query(i, "a", 10.0 * i, 100.0) for i in range(30)]
+    out = WarehouseSimulator(empirical, [("c0", 1)], RoundRobinRouter(), seed=5).run(queries)
+    assert set(np.round(out.queries["latency_s"], 9)) <= {1.0, 1.5, 3.0}
+    again = WarehouseSimulator(empirical, [("c0", 1)], RoundRobinRouter(), seed=5).run(queries)
+    assert out.queries["latency_s"].tolist() == again.queries["latency_s"].tolist()
+
+
+def test_default_calibration_is_unchanged_by_the_empirical_option(sim_log):
+    median, report = calibrate(sim_log, seed=0)
+    empirical, report_e = calibrate(sim_log, seed=0, demand="empirical")
+    assert median.samples_s is None
+    assert median.isolated_s == empirical.isolated_s and report.alpha == report_e.alpha
+    with pytest.raises(ValueError, match="'demand'"):
+        calibrate(sim_log, demand="mean")
+
+
+def _view(cid: str, size: int, *, ready: bool = True, spun_up_s: float = 0.0, running: int = 0) -> ClusterView:
+    return ClusterView(cid, size, ready, spun_up_s, None, running)
+
+
+def test_rais_resizes_up_ahead_of_a_forecast_peak_and_back_down_after_it():
+    forecast = np.full(24, 1.0)
+    forecast[10] = 8.0  # arrivals per second in hour 10
+    scaler = RaisScaler(forecast, 100.0, {1: 2.0, 2: 5.0, 4: 11.0}, RaisSetting(headroom=1.25, queue_per_unit=50.0),
+                        spinup_delay_s=10.0, hold_s=100.0)
+    assert scaler.predicted_size(0.0) == 1 and scaler.predicted_size(1000.0) == 4
+    now = [_view("rais0", 1)]
+    assert scaler.on_arrival(Query(0, "a", 985.0, 1.0), now) == []  # ready by 995: still hour 9
+    actions = scaler.on_arrival(Query(1, "a", 991.0, 1.0), now)  # ready by 1001: the peak hour
+    assert [(a.kind, a.size) for a in actions] == [("spin_up", 4), ("retire_others", None)]
+    starting = [_view("rais0", 1, ready=False, running=3), _view("auto1-s4", 4, ready=False, spun_up_s=991.0)]
+    assert scaler.on_arrival(Query(2, "a", 995.0, 1.0), starting) == []  # one resize at a time
+    after = [_view("rais0", 1, ready=False), _view("auto1-s4", 4, spun_up_s=991.0, running=1)]
+    actions = scaler.on_arrival(Query(3, "a", 1091.0, 1.0), after)
+    assert [(a.kind, a.cluster_id or a.size) for a in actions] == [
+        ("tear_down", "rais0"), ("spin_up", 1), ("retire_others", None)]
+    assert scaler.resizes == [(991.0, 4), (1091.0, 1)]
+
+
+def test_rais_performance_holds_more_headroom_and_the_queue_bumps_a_size():
+    forecast = np.full(24, 1.8)
+    capacity = {1: 2.0, 2: 5.0}
+    balanced = RaisScaler(forecast, 100.0, capacity, RaisSetting(1.0, 4.0), spinup_delay_s=1.0, hold_s=50.0)
+    performance = RaisScaler(forecast, 100.0, capacity, RaisSetting(2.0, 4.0), spinup_delay_s=1.0, hold_s=50.0)
+    assert (balanced.predicted_size(0.0), performance.predicted_size(0.0)) == (1, 2)
+    queued = [_view("rais0", 1, running=4)]  # 4 running per size unit, at the forecast's size 1
+    assert [a.size for a in balanced.on_arrival(Query(0, "a", 5.0, 1.0), queued) if a.kind == "spin_up"] == [2]
+
+
+def test_rais_in_the_simulator_runs_the_peak_hour_on_the_larger_cluster():
+    world = WarehouseEmulator({("a", 1): 1.0, ("a", 2): 0.5}, {1: 1.0, 2: 1.0})
+    forecast = np.array([0.2, 0.2, 3.0, 0.2])
+    scaler = RaisScaler(forecast, 100.0, {1: 1.0, 2: 2.0}, RaisSetting(1.25, 100.0), spinup_delay_s=10.0,
+                        hold_s=100.0)
+    queries = [Query(i, "a", 5.0 * i + 1.0, 10.0) for i in range(80)]
+    out = WarehouseSimulator(world, [("rais0", scaler.predicted_size(0.0))], RoundRobinRouter(), minimum_s=5.0,
+                             autoscaler=scaler).run(queries)
+    hour = (out.queries["arrival_s"] // 100).astype(int)
+    assert set(out.queries.loc[hour == 2, "cluster_size"]) == {2}
+    assert set(out.queries.loc[hour.isin([0, 3]) & (out.queries["arrival_s"] % 100 > 20), "cluster_size"]) == {1}
+    assert any(e["event"] == "tear_down" for e in out.events)
+
+
+def test_quick_config_shrinks_the_day_and_keeps_the_scenarios():
+    quick = EndToEndConfig().quick()
+    assert quick.tuner.hour_units < EndToEndConfig().tuner.hour_units
+    assert dataclasses.replace(quick.tuner, hour_units=0).kappas == (2.0, 4.0)
+    assert quick.tuner.tau_target == 0.1 and quick.history_days == 30
+
+
+def test_table5_regraded_tunes_in_the_training_world_and_grades_in_the_held_out_one(sim_log, model_dir):
+    from sloctl.experiments.history import history_experiment
+
+    cfg = dataclasses.replace(TINY.tuner, histories_days=(0, 1), kappas=(3.0,), n_target_days=1, grading_draws=1)
+    args = dict(instances=[7], config=cfg, workers=1, seed=0)
+    plain = history_experiment(busy_morning_contour(), sim_log, **args)
+    regraded = history_experiment(busy_morning_contour(), sim_log, grade_log=held_out(sim_log), reactive="iconq",
+                                  model_dir=model_dir, **args)
+    assert "world" not in plain  # the default run reports as before
+    world = regraded["world"]
+    assert world["graded_in"]["held_out"] and world["graded_in"]["demand"] == "empirical"
+    assert world["tuned_in"]["demand"] == "median" and "Iconq+" in world["graded_in"]["reactive"]
+    assert world["graded_in"]["log_sha256"] != world["tuned_in"]["log_sha256"]
+    by_h = {r["history_days"]: r for r in regraded["rows"]}
+    assert by_h[1]["actual_fingerprints"] == by_h[0]["actual_fingerprints"]  # one actual day for every H
+    assert [r["spinups"] for r in plain["rows"]] == [r["spinups"] for r in regraded["rows"]]  # same plans
+    with pytest.raises(ValueError, match="'model_dir'"):
+        history_experiment(busy_morning_contour(), sim_log, reactive="iconq", **args)
