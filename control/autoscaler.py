@@ -55,6 +55,7 @@ __all__ = [
     "RelativeAutoscalerSettings",
     "SizingOutcome",
     "SpinupTrigger",
+    "decision_time",
     "find_best_spinup_size",
     "should_tear_down",
 ]
@@ -446,6 +447,15 @@ class _ForkedRouter:
         self.model = model
 
 
+def decision_time(query: Query, now_s: float | None) -> float:
+    """When an autoscaler decides on ``query``'s arrival: the driver's time, never before the arrival.
+
+    Simulators pass nothing (they decide at the arrival); a live driver decides
+    a little later, after billing timers may have seen a later completion.
+    """
+    return query.arrival_s if now_s is None else max(now_s, query.arrival_s)
+
+
 class Autoscaler:
     """Triggers plus a scaling action, run at every arrival (AutoSLO §6).
 
@@ -506,7 +516,7 @@ class Autoscaler:
         scheduled arrival, and billing timers may already have seen a later
         completion; deciding at the arrival would ask them to go back in time.
         """
-        now = query.arrival_s if now_s is None else max(now_s, query.arrival_s)
+        now = decision_time(query, now_s)
         self.windows.add_arrival(query)
         actions: list[ScalingAction] = []
         if self.teardown:

@@ -162,12 +162,14 @@ class RouterGuard:
             if int(size) < 1 or int(count) < 0:
                 raise ValueError(f"The 'support' parameter maps sizes >= 1 to running counts >= 0, got "
                                  f"{size!r}: {count!r}.")
+        if self.support is not None:  # int keys once, not on every routing decision
+            object.__setattr__(self, "support", {int(k): int(v) for k, v in self.support.items()})
 
     def limit(self, size: int) -> float:
         """Most running queries the training log showed on a cluster of ``size`` (inf: unchecked)."""
-        if not self.support:
+        support = self.support
+        if not support:
             return float("inf")
-        support = {int(k): int(v) for k, v in self.support.items()}
         if size in support:
             return float(support[size])
         smaller = [s for s in support if s < size]

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import AutoscalerConfig
+from sloctl.control.autoscaler import AutoscalerConfig, decision_time
 from sloctl.control.managed import ClusterView, ScalingAction
 from sloctl.control.router import Query, RoundRobinRouter
 from sloctl.control.scheduler import ExecutionConfig
@@ -204,7 +204,7 @@ class RaisScaler:
 
     def on_arrival(self, query: Query, clusters: list[ClusterView], now_s: float | None = None
                    ) -> list[ScalingAction]:
-        now = query.arrival_s if now_s is None else max(now_s, query.arrival_s)
+        now = decision_time(query, now_s)
         if not clusters:
             return []
         current = max(clusters, key=lambda c: (c.spun_up_s, c.cluster_id))  # the newest is the workgroup

@@ -73,6 +73,7 @@ from sloctl.control.autoscaler import (
     AutoscalerConfig,
     RelativeAutoscalerSettings,
     SpinupTrigger,
+    decision_time,
     should_tear_down,
 )
 from sloctl.control.managed import ClusterView, ScalingAction
@@ -223,7 +224,7 @@ class QueueScaler:
 
     def on_arrival(self, query: Query, clusters: list[ClusterView], now_s: float | None = None
                    ) -> list[ScalingAction]:
-        now = query.arrival_s if now_s is None else max(now_s, query.arrival_s)
+        now = decision_time(query, now_s)
         ready = [c for c in clusters if c.ready]
         actions: list[ScalingAction] = []
         for c in ready:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from sloctl.control.billing import BillingTimer
@@ -11,9 +12,12 @@ from sloctl.control.router import (
     IconqRouter,
     Query,
     RoundRobinRouter,
+    RouterGuard,
     ShadowRoundRobinRouter,
     StageCostRouter,
+    load_based,
 )
+from sloctl.models.calibration import MarginCalibration, concurrency_support, running_at_arrival
 from sloctl.models.online import Counterfactual
 
 
@@ -115,3 +119,151 @@ def test_shadow_round_robin_places_like_round_robin_but_runs_the_model():
     assert [d.cluster_id for d in decisions] == ["slow", "fast", "slow"]
     assert model.committed == ["slow", "fast", "slow"]  # the model's state follows the real placements
     assert decisions[0].explanation == {"slow": {"predicted_s": 9.0}, "fast": {"predicted_s": 1.0}}
+
+
+# -- the guard and soft violation counts: load-based placement while the model is not to be trusted --
+
+def _busy(n):
+    return [Running(i, 0.0, 100.0, 1.0) for i in range(n)]
+
+
+def test_router_without_guard_follows_the_model_past_any_concurrency():
+    running = {"cheap": _busy(10)}
+    model = FakeModel({"cheap": (1.0, [1.0] * 10), "idle": (1.0, [])}, running)
+    router = IconqRouter(model)
+    decision = router.route(Query(99, "t", 1.0, 5.0), [cluster("cheap", 1, 0.0), cluster("idle", 1)], 1.0)
+    assert decision.cluster_id == "cheap" and decision.fallback is None
+    assert router.guard_state is None
+
+
+def test_support_guard_places_by_load_when_the_pick_runs_more_than_training_showed():
+    # The model says "cheap" is fine with 10 running; training never saw more than 3 on size 1.
+    running = {"cheap": _busy(10)}
+    model = FakeModel({"cheap": (1.0, [1.0] * 10), "idle": (1.0, [])}, running)
+    router = IconqRouter(model, guard=RouterGuard(support={1: 3}))
+    decision = router.route(Query(99, "t", 1.0, 5.0), [cluster("cheap", 1, 0.0), cluster("idle", 1)], 1.0)
+    assert decision.cluster_id == "idle"
+    assert decision.fallback == "support"
+    assert decision.explanation["cheap"]["violations_after"] == 0  # the model's view is still explained
+    assert router.guard_state.summary()["fallbacks"] == {"error": 0, "support": 1}
+    assert router.guard_state.summary()["fallback_rate"] == 1.0
+
+
+def test_support_guard_lets_the_model_decide_inside_its_support():
+    running = {"cheap": _busy(2)}
+    model = FakeModel({"cheap": (1.0, [1.0] * 2), "idle": (1.0, [])}, running)
+    router = IconqRouter(model, guard=RouterGuard(support={1: 3}))
+    decision = router.route(Query(99, "t", 1.0, 5.0), [cluster("cheap", 1, 0.0), cluster("idle", 1)], 1.0)
+    assert decision.cluster_id == "cheap" and decision.fallback is None
+    assert router.guard_state.summary()["fallback_rate"] == 0.0
+
+
+def test_error_guard_fires_on_high_recent_error_and_lets_go_when_it_falls():
+    model = FakeModel({"a": (1.0, []), "b": (1.0, [])})
+    router = IconqRouter(model, guard=RouterGuard(max_ratio=2.0, window=4, min_samples=4))
+    clusters = [cluster("a", 1), cluster("b", 2)]
+    for i in range(4):  # predicted 1 s, took 3 s: ratio 3
+        router.route(Query(i, "t", float(i), 5.0), clusters, float(i))
+        router.on_complete(i, float(i) + 3.0)
+    assert router.guard_state.recent_ratio() == pytest.approx(3.0)
+    decision = router.route(Query(10, "t", 10.0, 5.0), clusters, 10.0)
+    assert decision.fallback == "error"
+    assert decision.cluster_id == "b"  # nothing running: the larger cluster has the least load per unit
+    # Queries placed by load are still predicted and measured: the model is right again (ratio 1).
+    router.on_complete(10, 11.0)  # window 3, 3, 3, 1: median 3
+    assert router.route(Query(11, "t", 11.0, 5.0), clusters, 11.0).fallback == "error"
+    router.on_complete(11, 12.0)  # window 3, 3, 1, 1: median 2, not above max_ratio
+    assert not router.guard_state.error_high()
+    assert router.route(Query(12, "t", 12.0, 5.0), clusters, 12.0).fallback is None
+    summary = router.guard_state.summary()
+    assert summary["routes"] == 7 and summary["fallbacks"] == {"error": 2, "support": 0}
+    assert summary["fallback_rate"] == pytest.approx(2 / 7)
+
+
+def test_error_guard_waits_for_min_samples():
+    model = FakeModel({"a": (1.0, [])})
+    router = IconqRouter(model, guard=RouterGuard(max_ratio=1.5, window=8, min_samples=3))
+    for i in range(2):
+        router.route(Query(i, "t", float(i), 5.0), [cluster("a", 1)], float(i))
+        router.on_complete(i, float(i) + 10.0)
+    assert not router.guard_state.error_high()
+    router.route(Query(5, "t", 5.0, 5.0), [cluster("a", 1)], 5.0)
+    router.on_complete(5, 15.0)
+    assert router.guard_state.error_high()
+
+
+def test_load_based_picks_fewest_running_per_size_unit():
+    small, big = cluster("small", 1), cluster("big", 4)
+    assert load_based([small, big], {"small": 0, "big": 3}).cluster_id == "big"  # 4/4 = 1 vs 1/1 = 1: larger wins
+    assert load_based([small, big], {"small": 0, "big": 4}).cluster_id == "small"  # 5/4 > 1/1
+
+
+def test_support_limit_scales_from_the_nearest_smaller_size():
+    guard = RouterGuard(support={1: 3, 2: 5})
+    assert guard.limit(2) == 5
+    assert guard.limit(4) == 10  # from size 2: 5 x 4/2
+    assert guard.limit(1) == 3
+    assert RouterGuard(support={2: 5}).limit(1) == float("inf")
+    assert RouterGuard().limit(1) == float("inf")
+
+
+@pytest.mark.parametrize("kwargs", [{"max_ratio": 1.0}, {"window": 0}, {"window": 4, "min_samples": 5},
+                                    {"support": {0: 3}}, {"support": {1: -1}}])
+def test_guard_settings_are_checked(kwargs):
+    with pytest.raises(ValueError):
+        RouterGuard(**kwargs)
+
+
+def test_running_at_arrival_counts_overlaps_per_run_and_cluster():
+    log = pd.DataFrame({
+        "run": [0, 0, 0, 0, 1],
+        "cluster_id": ["c1", "c1", "c1", "c2", "c1"],
+        "cluster_size": [1, 1, 1, 2, 1],
+        "arrival_s": [0.0, 1.0, 5.0, 1.5, 1.2],
+        "latency_s": [3.0, 1.0, 1.0, 1.0, 1.0],
+    })
+    # row 1 arrives at 1.0 while row 0 runs (0-3); row 2 at 5.0 finds nothing; other run and cluster never count.
+    assert running_at_arrival(log).tolist() == [0, 1, 0, 0, 0]
+    assert concurrency_support(log) == {1: 1, 2: 0}
+
+
+def test_calibration_round_trips_its_support():
+    calibration = MarginCalibration(0.2, 0.75, 1.25, 1.1, 100, concurrency_support={1: 3, 4: 12})
+    doc = calibration.to_dict()
+    assert doc["concurrency_support"] == {"1": 3, "4": 12}  # JSON keys
+    assert MarginCalibration.from_dict(doc) == calibration
+    old = {k: v for k, v in doc.items() if k != "concurrency_support"}  # a bundle written before
+    assert MarginCalibration.from_dict(old).concurrency_support is None
+    assert "12 running on size 4" in calibration.describe()
+
+
+def test_soft_counts_keep_load_off_a_cluster_whose_queries_are_already_late():
+    # "late": two running queries already predicted past their SLO; the newcomer makes them later still.
+    # "ok": one query just inside its SLO, which the newcomer pushes just past it.
+    # A 0/1 count sees no new violation on "late" (lost anyway) and one on "ok", so it piles onto "late";
+    # the soft count sees the late ones get much worse and the ok one only a little.
+    running = {"late": [Running(1, 0.0, 1.0, 1.2), Running(2, 0.0, 1.0, 1.2)],
+               "ok": [Running(3, 0.0, 10.0, 9.0)]}
+    model = FakeModel({"late": (2.0, [3.0, 3.0]), "ok": (2.0, [10.5])}, running)
+    clusters = [cluster("late", 1, 0.0), cluster("ok", 1, 0.0)]
+    hard = IconqRouter(model).route(Query(9, "t", 1.0, 2.5), clusters, 1.0)
+    assert hard.cluster_id == "late"
+    soft = IconqRouter(model, violation_spread=0.5).route(Query(9, "t", 1.0, 2.5), clusters, 1.0)
+    assert soft.cluster_id == "ok"
+    late = soft.explanation["late"]
+    assert late["violations_after"] - late["violations_before"] > 0.9  # two queries near 0.64 -> near 0.99
+
+
+def test_soft_count_is_half_at_the_threshold():
+    router = IconqRouter(FakeModel({}), violation_spread=0.3)
+    assert router._violations(np.array([2.0]), np.array([2.0])) == pytest.approx(0.5)
+    assert router._violations(np.array([20.0]), np.array([2.0])) == pytest.approx(1.0, abs=1e-6)
+    assert IconqRouter(FakeModel({}))._violations(np.array([2.0, 3.0]), np.array([2.5, 2.5])) == 1
+    with pytest.raises(ValueError, match="violation_spread"):
+        IconqRouter(FakeModel({}), violation_spread=-1.0)
+
+
+def test_calibration_spread_follows_the_median_and_the_quantile():
+    calibration = MarginCalibration(0.5, 0.75, 2.0, 1.0, 100)
+    assert calibration.spread() == pytest.approx(np.log(2.0) / 0.6744897501960817)
+    assert MarginCalibration(0.0, 0.75, 1.0, 1.0, 10).spread() == 0.05  # no spread measured: the floor
