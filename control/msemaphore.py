@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 WaitOutcome = Literal["acquired", "queued", "dropped"]
+_DUE_TOLERANCE = 1e-9  # relative slack of ``due``: float clocks drift by ulps
 
 
 def _is_int(value: object) -> bool:
@@ -228,8 +229,13 @@ class _NeighbourBandit:
         return [a for a in (arm - 1, arm + 1) if 1 <= a <= self.max_capacity]
 
     def due(self, now_s: float) -> bool:
-        """Whether ``interval_s`` has passed since the last :meth:`select`."""
-        return now_s - self._last_select_s >= self.interval_s
+        """Whether ``interval_s`` has passed since the last :meth:`select`.
+
+        Up to a relative tolerance of 1e-9 of ``interval_s``: a driver's clock
+        built from sums of floats (0.0001 five times is 0.00049999...) must
+        not stretch a 500 µs interval to the next tick.
+        """
+        return now_s - self._last_select_s >= self.interval_s * (1.0 - _DUE_TOLERANCE)
 
     def update(self, capacity: int, bandwidth: float, now_s: float) -> None:
         """Learn the reward of an interval run at ``capacity``.

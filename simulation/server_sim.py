@@ -272,6 +272,10 @@ class _Engine:
                                                "queue_len": []}
         self.sample_counts: dict[str, int] = {}
         self.sample_last = (0.0, 0.0, 0.0)
+        # Periodic events are due at n × interval (integer counts): repeated float additions drift
+        # (0.0001 added five times is 0.00049999...), which once stretched the 500 µs tuner interval to 600 µs.
+        self.tick_n = 0
+        self.sample_n = 0
 
     def _set_mix(self, types: Sequence[RequestType]) -> None:
         self.types = list(types)
@@ -529,7 +533,8 @@ class _Engine:
         if granted:
             self._resume(granted)
             self._dispatch()
-        self.push(self.now + self.control_s, _TICK)
+        self.tick_n += 1
+        self.push((self.tick_n + 1) * self.control_s, _TICK)
 
     def _on_sample(self, _: Any) -> None:
         self._account_cores()
@@ -547,7 +552,8 @@ class _Engine:
         for key, value in self.policy.gauges().items():
             s.setdefault(key, []).append(float(value))
         self.sample_last = (self.now, self.busy_area, self.bytes_moved)
-        self.push(self.now + self.sample_s, _SAMPLE)
+        self.sample_n += 1
+        self.push((self.sample_n + 1) * self.sample_s, _SAMPLE)
 
 
 def capacity_per_s(types: Sequence[RequestType], config: ServerConfig) -> tuple[float, int]:

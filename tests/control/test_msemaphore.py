@@ -218,3 +218,16 @@ def test_update_and_warm_start_reject_unknown_arms():
         tuner.warm_start({0: 0.5})
     with pytest.raises(ValueError, match="'gamma' parameter of ThompsonTuner"):
         ThompsonTuner(8, 1.0, gamma=0.0)
+
+
+@pytest.mark.parametrize("cls", [EpsilonGreedyTuner, UCBTuner, ThompsonTuner])
+def test_an_interval_built_from_summed_ticks_is_due_on_time(cls):
+    # A driver that adds 100 µs per tick: after 16 ticks, five more span 0.0004999999999999998 s.
+    tuner = cls(max_capacity=8, max_bandwidth=1.0)
+    ticks = [0.0]
+    for _ in range(21):
+        ticks.append(ticks[-1] + 0.0001)
+    assert ticks[21] - ticks[16] < 0.0005  # the float difference falls short of 500 µs ...
+    tuner.select(ticks[16])
+    assert not any(tuner.due(t) for t in ticks[17:21])
+    assert tuner.due(ticks[21])  # ... and the interval is still due on the fifth tick

@@ -110,3 +110,13 @@ def test_svalinn_sheds_the_low_class_first():
     result = _run("svalinn", 2.0, types=[high, low], capacity=capacity)
     drop = {n: s.dropped / s.offered for n, s in result.types.items()}
     assert drop["lo"] > drop["hi"] + 0.3
+
+
+def test_the_tuner_steps_every_500_us_exactly():
+    # Issue 21: tick times built by repeated addition and a strict comparison made half the intervals 600 µs.
+    policy = make_policy("svalinn", TYPES, CONFIG, capacity=CAPACITY)
+    simulate(TYPES, policy, rate_per_s=2 * CAPACITY, duration_s=0.02, config=CONFIG)
+    steps = [t for t, _, _ in policy.capacity_log_]
+    gaps = [b - a for a, b in zip(steps[1:-1], steps[2:], strict=True)]
+    assert len(gaps) > 30
+    assert all(gap == pytest.approx(500e-6, abs=1e-12) for gap in gaps)
