@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from sloctl.control.admission import AdmissionController
+from sloctl.control.admission_oracle import GoodputBound, goodput_bound
 
 __all__ = [
     "DemandChange",
@@ -42,6 +43,7 @@ __all__ = [
     "TypeStats",
     "capacity_per_s",
     "isolated_service_s",
+    "oracle_bound",
     "simulate",
 ]
 
@@ -583,3 +585,28 @@ def capacity_per_s(types: Sequence[RequestType], config: ServerConfig) -> tuple[
         if min(bounds) > best[0] * (1 + 1e-9):
             best = (min(bounds), k)
     return best
+
+
+def oracle_bound(types: Sequence[RequestType], config: ServerConfig, rate_per_s: float) -> GoodputBound:
+    """The goodput upper bound per request type at total arrival rate ``rate_per_s`` (see
+    :func:`sloctl.control.admission_oracle.goodput_bound`).
+
+    Resources: the cores (``cores`` core-seconds per second; a request holds
+    one for its CPU work, its memory section at its thread ceiling — the
+    fastest it can run — and its lock section), the bus
+    (``bandwidth_bytes_per_s``) and each lock (one second per second). A
+    type's SLO-feasible share is 1 if its isolated service time fits its SLO,
+    else 0. The bus-loss what-if γ does not lower the bound (a controller
+    can always keep the bus at its knee).
+    """
+    total = sum(t.share for t in types)
+    usage = {}
+    capacity = {"cores": float(config.cores), "bandwidth": float(config.bandwidth_bytes_per_s)}
+    for t in types:
+        row = {"cores": isolated_service_s(t, config), "bandwidth": float(t.mem_bytes)}
+        if t.lock is not None:
+            row["lock:" + t.lock] = t.lock_s
+            capacity["lock:" + t.lock] = 1.0
+        usage[t.name] = row
+    return goodput_bound({t.name: rate_per_s * t.share / total for t in types}, usage, capacity,
+                         {t.name: 1.0 if isolated_service_s(t, config) <= t.slo_s else 0.0 for t in types})

@@ -120,3 +120,12 @@ def test_the_tuner_steps_every_500_us_exactly():
     gaps = [b - a for a, b in zip(steps[1:-1], steps[2:], strict=True)]
     assert len(gaps) > 30
     assert all(gap == pytest.approx(500e-6, abs=1e-12) for gap in gaps)
+
+
+def test_the_oracle_of_the_50_50_mix_is_all_cpu_requests_and_the_bus_worth_of_memory_requests():
+    from sloctl.simulation.server_sim import oracle_bound
+
+    bound = oracle_bound(TYPES, CONFIG, 2 * CAPACITY)  # 200 000/s of each type offered
+    # The bus carries 60 GB/s ÷ 600 kB = 100 000 memory requests/s; the cores (0.45 busy) take every CPU request.
+    assert bound.goodput_per_s == pytest.approx({"cpu": 200_000.0, "mem": 100_000.0})
+    assert bound.utilisation["bandwidth"] == pytest.approx(1.0)
