@@ -52,14 +52,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sloctl.experiments.retry_sweep import sweep_spec
 from sloctl.models.retry import solve_network
 from sloctl.models.retry_network import NetworkSpec, load_network, network_from_mapping
-from sloctl.serving.envoy import envoy_binary, envoy_bootstrap
+from sloctl.serving.envoy import envoy_binary, envoy_bootstrap, policy_timing
 
 __all__ = ["RetryTestbed", "retry_live_experiment", "scaled_spec"]
 
@@ -67,12 +67,15 @@ _HEADER = "x-priority"
 
 
 # -- spec -------------------------------------------------------------------------------
-def scaled_spec(spec: NetworkSpec, *, capacity_scale: float = 0.2, buffer: int | None = 12) -> NetworkSpec:
+def scaled_spec(spec: NetworkSpec, *, capacity_scale: float = 0.2, buffer: int | None = 12,
+                retry_delay_s: float | None = None) -> NetworkSpec:
     """``spec`` with every capacity and external rate times ``capacity_scale`` and every buffer set to ``buffer``.
 
     Scaling capacities and arrivals together keeps every utilisation; the
     buffers change the blocking, which is why the analysis must be solved for
-    the returned spec, not the original.
+    the returned spec, not the original. ``retry_delay_s`` is the scaled
+    network's mean retry delay (None: the default, 200 service times of its
+    slowest service); the sidecars' back-off is derived from it.
     """
     if not capacity_scale > 0:
         raise ValueError(f"The 'capacity_scale' parameter must be > 0, got {capacity_scale!r}.")
@@ -85,6 +88,8 @@ def scaled_spec(spec: NetworkSpec, *, capacity_scale: float = 0.2, buffer: int |
             row["buffer"] = buffer
     raw["arrivals"] = {c: {s: r * capacity_scale for s, r in v.items()} for c, v in raw["arrivals"].items()}
     raw.pop("retry_delay_s", None)
+    if retry_delay_s is not None:
+        raw["retry_delay_s"] = retry_delay_s
     return network_from_mapping(raw)
 
 
@@ -213,14 +218,17 @@ class RetryTestbed:
         spec: the (already scaled) network; its capacities and buffers are used as given.
         k: retries per class, one k for every hop or ``{service: k}``.
         seed: seeds the service times and routing draws.
-        base_interval_s, max_interval_s: Envoy's jittered back-off between retries. The
-            analysis assumes a retry meets an independent state of the buffer, so these
-            should be long against the service times 1/μ *and* against a busy period near
-            ρ = 1 (seconds here): with 0.2 s / 1 s the low class's rejection at ρ = 1 under
-            k = (5, 1) was 0.099 against the analysis's 0.043. Longer back-offs need a
+        base_interval_s, max_interval_s: Envoy's jittered back-off between retries
+            (default: from the policy document, ``2 · spec.retry_delay_s`` both, so that
+            every retry waits the analysis's mean delay; see
+            :mod:`sloctl.models.retry_timing`). The analysis assumes a retry meets an
+            independent state of the buffer, so the delay should be long against the
+            service times 1/μ *and* against a busy period near ρ = 1 (seconds here): with
+            Envoy back-offs of 0.2 s / 1 s the low class's rejection at ρ = 1 under
+            k = (5, 1) was 0.099 against the analysis's 0.043. Longer delays need a
             longer warm-up and tail in :meth:`run_load`.
-        per_try_timeout_s: Envoy's per-attempt timeout; it covers the callee's
-            downstream calls too, so it is generous.
+        per_try_timeout_s: Envoy's per-attempt timeout (default: the policy's, per class
+            and service: long enough that only rejections end an attempt).
         startup_timeout_s: how long to wait for every process to be ready.
 
     Every process it starts (one service process, one Envoy per service) runs in
@@ -229,7 +237,8 @@ class RetryTestbed:
     """
 
     def __init__(self, spec: NetworkSpec, k: Mapping[str, int | Mapping[str, int]], *, seed: int = 0,
-                 base_interval_s: float = 1.0, max_interval_s: float = 5.0, per_try_timeout_s: float = 60.0,
+                 base_interval_s: float | None = None, max_interval_s: float | None = None,
+                 per_try_timeout_s: float | None = None,
                  startup_timeout_s: float = 30.0) -> None:
         self.spec = spec
         self.k = k
@@ -252,6 +261,12 @@ class RetryTestbed:
         """Process ids of every process the testbed started (empty once closed)."""
         return [p.pid for p in getattr(self, "procs_", [])]
 
+    def policy_doc(self) -> dict[str, Any]:
+        """The retry-policy document the sidecars are configured from (budgets ``k`` on ``spec``)."""
+        net = self.spec.with_retries(dict(self.k))
+        return {"kind": "retry-policy", "retries": {c: dict(net.retries[c]) for c in net.classes},
+                "network": net.to_mapping()}
+
     def start(self) -> None:
 
         exe = envoy_binary()
@@ -265,9 +280,7 @@ class RetryTestbed:
             self.ports_ = {s: {"port": _free_port(), "sidecar_port": _free_port(), "admin_port": _free_port()}
                            for s in names}
             self.control_port_ = _free_port()
-            policy = {"kind": "retry-policy",
-                      "retries": {c: dict(net.retries[c]) for c in net.classes},
-                      "network": net.to_mapping()}
+            policy = self.policy_doc()
             config = {
                 "seed": self.seed, "classes": list(net.classes), "routing_mode": net.routing_mode,
                 "routing": {c: {a: dict(r) for a, r in v.items()} for c, v in net.routing.items()},
@@ -280,11 +293,16 @@ class RetryTestbed:
             code = ("from sloctl.experiments.retry_live import _serve_main; "
                     f"_serve_main({str(tmp / 'services.json')!r})")
             self._spawn([sys.executable, "-c", code], tmp / "services.log")
+            derived = policy_timing(policy)
+            self.timing_ = {
+                "base_interval_s": derived["back_off_base_s"] if self.base_interval_s is None
+                else self.base_interval_s,
+                "max_interval_s": derived["back_off_max_s"] if self.max_interval_s is None else self.max_interval_s,
+            }
             for s in names:
                 boot = envoy_bootstrap(policy, service=s, listen_port=self.ports_[s]["sidecar_port"],
                                        upstream_port=self.ports_[s]["port"], admin_port=self.ports_[s]["admin_port"],
-                                       base_interval_s=self.base_interval_s, max_interval_s=self.max_interval_s,
-                                       per_try_timeout_s=self.per_try_timeout_s)
+                                       **self.timing_, per_try_timeout_s=self.per_try_timeout_s)
                 path = tmp / f"envoy-{s}.json"
                 path.write_text(json.dumps(boot))
                 self._spawn([exe, "-c", str(path), "--disable-hot-restart", "--concurrency", "1",
@@ -471,14 +489,20 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float | None:
 def retry_live_experiment(network_path: str | Path, *, loads: Sequence[float] = (0.5, 1.0, 1.5, 2.0),
                           budgets: Sequence[Mapping[str, int]] = ({"high": 5, "low": 1}, {"high": 5, "low": 5}),
                           duration_s: float = 25.0, warmup_s: float = 15.0, tail_s: float = 15.0, seed: int = 0,
-                          capacity_scale: float = 0.2, buffer: int | None = 12, fixed: Sequence[str] = ("high",),
-                          model: str = "mm1m", **testbed_options: Any) -> dict[str, Any]:
+                          capacity_scale: float = 0.2, buffer: int | None = 12, retry_delay_s: float | None = 2.0,
+                          fixed: Sequence[str] = ("high",), model: str = "mm1m",
+                          on_point: Callable[[dict[str, Any]], None] | None = None,
+                          **testbed_options: Any) -> dict[str, Any]:
     """DiffTry's load sweep run live: measured per-class rejection behind Envoy vs the analysis.
 
     The network is scaled (:func:`scaled_spec`); at each load the non-``fixed``
     classes are scaled so that the bottleneck's offered load is that ρ
     (:func:`~sloctl.experiments.retry_sweep.sweep_spec`). For each budget
-    vector one testbed is started and every load is run on it in turn.
+    vector one testbed is started and every load is run on it in turn. The
+    sidecars' back-off and per-try timeouts come from the policy document of
+    the scaled network (mean retry delay ``retry_delay_s``), the same
+    parameters the analysis is solved with. ``on_point`` is called with each
+    finished point (progress).
 
     Returns:
         ``{"capacity_scale", "buffer", "model", "points": [{"offered_rho", "k", "arrivals",
@@ -486,10 +510,13 @@ def retry_live_experiment(network_path: str | Path, *, loads: Sequence[float] = 
         "calls_per_request": {C: ...}, "latency_s": {C: {...}}, "requests": {C: n}, "abs_error"}]}``
     """
 
-    base = scaled_spec(load_network(network_path), capacity_scale=capacity_scale, buffer=buffer)
+    base = scaled_spec(load_network(network_path), capacity_scale=capacity_scale, buffer=buffer,
+                       retry_delay_s=retry_delay_s)
+    timing = None
     points = []
     for k in budgets:
         with RetryTestbed(base, k, seed=seed, **testbed_options) as bed:
+            timing = timing or bed.timing_
             for i, rho in enumerate(loads):
                 net = sweep_spec(base, rho, fixed).with_retries(dict(k))
                 analysis = solve_network(net, model=model).to_json()
@@ -508,5 +535,11 @@ def retry_live_experiment(network_path: str | Path, *, loads: Sequence[float] = 
                     "abs_error": max((abs(measured[c] - expected[c]) for c in measured
                                       if measured[c] is not None and expected.get(c) is not None), default=None),
                 })
+                if on_point is not None:
+                    on_point(points[-1])
     return {"capacity_scale": capacity_scale, "buffer": buffer, "model": model, "duration_s": duration_s,
-            "warmup_s": warmup_s, "seed": seed, "points": points}
+            "warmup_s": warmup_s, "tail_s": tail_s, "seed": seed,
+            "retry_delay_s": base.effective_retry_delay_s,
+            "back_off_s": None if timing is None else {"base": timing["base_interval_s"],
+                                                       "max": timing["max_interval_s"]},
+            "points": points}

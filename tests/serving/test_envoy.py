@@ -16,6 +16,7 @@ import pytest
 
 from sloctl.control.policies import RetryPolicy
 from sloctl.models.retry_network import load_network
+from sloctl.models.retry_timing import sidecar_timing
 from sloctl.serving.envoy import (
     ROUTE_CONFIG_TYPE,
     envoy_bootstrap,
@@ -64,9 +65,46 @@ def test_route_per_class_carries_that_service_budget(service):
         assert policy["num_retries"] == VARIED["retries"][klass][service]
         assert policy["retry_on"] == "retriable-status-codes,reset,connect-failure"
         assert policy["retriable_status_codes"] == [503]
-        assert policy["per_try_timeout"] == "1s"
-        assert policy["retry_back_off"] == {"base_interval": "0.025s", "max_interval": "0.25s"}
         assert route["route"]["cluster"] == service
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_back_off_and_per_try_timeout_are_the_analysis_parameters(service):
+    # Issue 18: the served back-off was Envoy's 25 ms / 250 ms while the analysis assumed a retry delay of
+    # retry_delay_s (2 s on the hotel graph): every retry now waits U[0, 2 d), mean d, as the analysis.
+    timing = sidecar_timing(NETWORK, VARIED["retries"])
+    delay = load_network(HOTEL).effective_retry_delay_s
+    assert timing["retry_delay_s"] == delay == 2.0
+    routes = envoy_route_config(VARIED, service=service)["virtual_hosts"][0]["routes"]
+    for route, klass in zip(routes, ["high", "low", "low"], strict=True):
+        policy = route["route"]["retry_policy"]
+        assert policy["retry_back_off"] == {"base_interval": "4s", "max_interval": "4s"}
+        assert policy["per_try_timeout"] == f"{timing['per_try_timeout_s'][klass][service]:.3f}".rstrip("0") + "s"
+
+
+def test_retry_delay_of_the_network_file_sets_the_back_off():
+    network = {**NETWORK, "retry_delay_s": 0.5}
+    policy = {**_policy(), "network": network}
+    back_off = envoy_route_config(policy, service="geo")["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]
+    assert back_off["retry_back_off"] == {"base_interval": "1s", "max_interval": "1s"}
+
+
+def test_per_try_timeout_covers_the_callees_whole_budgets():
+    # An attempt into search waits for its calls to geo and rate, each with k + 1 tries and k back-offs: a
+    # per-try timeout shorter than that would end attempts the analysis counts as admitted.
+    timing = sidecar_timing(NETWORK, _policy()["retries"])
+    t = timing["per_try_timeout_s"]["high"]
+    assert t["search"] > 6 * t["geo"] + 5 * timing["back_off_max_s"]
+    assert t["frontend"] > 6 * t["search"] + 5 * timing["back_off_max_s"]
+    assert timing["per_try_timeout_s"]["low"]["frontend"] < t["frontend"]  # fewer retries below, shorter wait
+
+
+def test_policy_without_network_needs_explicit_timing():
+    bare = {"kind": "retry-policy", "retries": {"high": {"a": 1}}}
+    with pytest.raises(ValueError, match="'network'"):
+        envoy_route_config(bare, service="a")
+    rc = envoy_route_config(bare, service="a", per_try_timeout_s=1.0, base_interval_s=0.1, max_interval_s=0.1)
+    assert rc["virtual_hosts"][0]["routes"][0]["route"]["retry_policy"]["per_try_timeout"] == "1s"
 
 
 def test_catch_all_is_last_and_gets_the_fewest_retries():
@@ -83,7 +121,8 @@ def test_default_class_can_be_chosen():
 
 
 def test_route_timeout_leaves_room_for_every_retry():
-    rc = envoy_route_config(_policy(high=dict.fromkeys(SERVICES, 20)), service="user", per_try_timeout_s=1.0)
+    rc = envoy_route_config(_policy(high=dict.fromkeys(SERVICES, 20)), service="user", per_try_timeout_s=1.0,
+                            base_interval_s=0.025, max_interval_s=0.25)
     assert rc["virtual_hosts"][0]["routes"][0]["route"]["timeout"] == "26s"  # 21 tries + 20 waits of 0.25 s
 
 
@@ -110,9 +149,9 @@ def test_istio_virtual_service_mirrors_the_envoy_routes(service):
         assert istio["retries"]["attempts"] == envoy["route"]["retry_policy"]["num_retries"]
     assert "match" not in http[-1]
     assert http[-1]["retries"]["attempts"] == envoy_routes[-1]["route"]["retry_policy"]["num_retries"]
-    for route in http:
+    for route, envoy in zip(http, envoy_routes, strict=True):
         assert route["route"] == [{"destination": {"host": host}}]
-        assert route["retries"]["perTryTimeout"] == "1s"
+        assert route["retries"]["perTryTimeout"] == envoy["route"]["retry_policy"]["per_try_timeout"]
         assert route["retries"]["retryOn"] == "5xx,reset,connect-failure,retriable-status-codes,503"
 
 
