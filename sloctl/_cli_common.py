@@ -13,8 +13,8 @@ from sloctl.core.errors import QueryLogError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["SEVERAL_LOGS_HELP", "ConfigOption", "cli_router", "describe_logs", "echo", "load_cli_config", "log_files",
-           "parse_sizes", "read_logs", "read_logs_with_metadata"]
+__all__ = ["SEVERAL_LOGS_HELP", "ConfigOption", "bind_port", "cli_router", "describe_logs", "echo", "load_cli_config",
+           "load_cli_model", "log_files", "package_version", "parse_sizes", "read_logs", "read_logs_with_metadata"]
 
 #: The help text every ``--log`` option ends with.
 SEVERAL_LOGS_HELP = ("Repeat --log for several logs, or name a folder (its *.parquet, sorted); "
@@ -41,7 +41,69 @@ def parse_sizes(text: str, option: str = "--sizes") -> tuple[int, ...]:
 
 
 def echo(message: str) -> None:
+    """Logs and progress: stderr (results go to stdout)."""
     typer.echo(message, err=True)
+
+
+def load_cli_model(uri: str, cfg, option: str = "--model"):
+    """The predictor ``uri`` names (a registry URI or a bundle folder); a bad URI is one line naming ``option``.
+
+    Raises:
+        UserError: the model, version or alias does not exist, or the folder
+            is not a model bundle (exit 2, ``error: --model URI: why``).
+    """
+    from sloctl._cli_errors import UserError, error_message
+    from sloctl.registry.store import load_model
+
+    try:
+        return load_model(uri, tracking_uri=cfg.registry.tracking_uri)
+    except Exception as exc:
+        if not (type(exc).__module__.startswith("mlflow") or isinstance(exc, OSError | ValueError)):
+            raise
+        raise UserError(f"{option} {uri}: {error_message(exc)} (in {cfg.registry.tracking_uri}; a registered "
+                        "model is models:/NAME@ALIAS or models:/NAME/VERSION, a bundle is a folder with "
+                        "meta.json)") from exc
+
+
+def bind_port(host: str, port: int):
+    """A listening TCP socket on ``host:port``, or one line saying why not (exit 2).
+
+    ``sloctl serve`` binds before it says where it serves, so a port that is
+    taken (or an address that is not this machine's) is reported as such
+    instead of after a "serving on" line.
+    """
+    import socket
+
+    from sloctl._cli_errors import UserError
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror}); is another "
+                        "`sloctl serve` running? choose another --port") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def package_version() -> str:
+    """sloctl's version from the installed package's metadata (the source's ``__version__`` when not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sloctl")
+    except PackageNotFoundError:
+        from sloctl import __version__
+
+        return __version__
 
 
 

@@ -57,8 +57,8 @@ def experiment_router_cmd(
     With --live, round-robin vs Iconq+ on real DuckDB clusters: the same
     routers, the same seeded arrivals, one fresh pool per router.
     """
+    from sloctl._cli_common import load_cli_model
     from sloctl.experiments.warehouse import RouterExperimentConfig, router_experiment
-    from sloctl.registry.store import load_model
 
     if copies < 1:
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
@@ -69,7 +69,7 @@ def experiment_router_cmd(
                                 cfg, clusters=pool, budgets=live_budgets, stage=live_stage)
         return
     frame = read_logs(log)
-    predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
+    predictor = load_cli_model(model, cfg)
 
     def progress(s: dict) -> None:
         cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
@@ -130,8 +130,8 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
                             clusters: tuple[tuple[str, int], ...] = (("c0", 1), ("c1", 1)), budgets: bool = False,
                             stage: bool = False) -> None:
     """``experiment router --live``: round-robin vs Iconq+ on live DuckDB clusters."""
+    from sloctl._cli_common import load_cli_model
     from sloctl.experiments.live_warehouse import live_router_experiment
-    from sloctl.registry.store import load_model
 
     if copies < 1:
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--live-copies")
@@ -142,7 +142,7 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
             raise typer.BadParameter(f"must be > 0; got {value}", param_hint=name)
     db = _live_db(db, cfg)
     frame = read_logs(log)
-    predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
+    predictor = load_cli_model(model, cfg)
 
     def progress(approach: str, done: int, total: int) -> None:
         if done == total:
@@ -185,14 +185,14 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
 
 def _scaling(kind: str, log: list[Path], model: str, copies: int, seed: int, as_json: bool,
              config: Path | None) -> None:
+    from sloctl._cli_common import load_cli_model
     from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_experiment
-    from sloctl.registry.store import load_model
 
     if copies < 1:
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
     cfg = load_cli_config(config)
     frame = read_logs(log)
-    predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
+    predictor = load_cli_model(model, cfg)
 
     def progress(s: dict) -> None:
         cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
@@ -267,14 +267,14 @@ def experiment_trigger_cmd(
 def _experiment_scaling_live(kind: str, log: list[Path], model: str, db: Path | None, seed: int, warmup_s: float,
                              budgets: bool, as_json: bool, config: Path | None) -> None:
     """``experiment trigger|sizer --live``: one live scenario, the router alone against it with the Autoscaler."""
+    from sloctl._cli_common import load_cli_model
     from sloctl.experiments.live_warehouse import live_autoscale_experiment
-    from sloctl.registry.store import load_model
 
     if warmup_s < 0:
         raise typer.BadParameter(f"must be >= 0; got {warmup_s}", param_hint="--warmup-s")
     cfg = load_cli_config(config)
     frame = read_logs(log)
-    predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
+    predictor = load_cli_model(model, cfg)
     router = cli_router(cfg, predictor, frame)
     result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, kind=kind, seed=seed,
                                        slo_margin=router.slo_margin, cost_tolerance=router.cost_tolerance,
@@ -394,6 +394,10 @@ def experiment_history_cmd(
         raise typer.BadParameter(f"expected queue or iconq, got {reactive!r}", param_hint="--reactive")
     if tau is not None and not 0 <= tau < 1:
         raise typer.BadParameter(f"must be in [0, 1); got {tau}", param_hint="--tau")
+    if not log and not Path(DEFAULT_LOG).is_file():
+        raise typer.BadParameter(f"no query log named and the default {DEFAULT_LOG} does not exist; collect one "
+                                 "(`sloctl collect ... --out FILE`, or `make bench`) and pass --log FILE",
+                                 param_hint="--log")
     regrade = {}
     with contextlib.ExitStack() as stack:
         if grade_log:
@@ -445,13 +449,13 @@ def _model_folder(model: str, cfg: SloctlConfig, stack) -> str:
     """A bundle folder for ``model`` (a folder as given, or a registered model written to a temporary one)."""
     import tempfile
 
+    from sloctl._cli_common import load_cli_model
     from sloctl.registry.bundles import save_predictor
-    from sloctl.registry.store import load_model
 
     if (Path(model) / "meta.json").is_file():
         return model
     folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="sloctl-model-"))
-    save_predictor(load_model(model, tracking_uri=cfg.registry.tracking_uri), folder)
+    save_predictor(load_cli_model(model, cfg), folder)
     return folder
 
 

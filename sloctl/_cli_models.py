@@ -129,13 +129,13 @@ def evaluate_predictor_cmd(
     """Q-error of a Stage or Iconq model on a log, each query with its logged neighbours."""
     import json
 
+    from sloctl._cli_common import load_cli_model
     from sloctl.registry.bundles import check_log_schema
-    from sloctl.registry.store import load_model
     from sloctl.training.pipeline import evaluate_predictor
 
     cfg = load_cli_config(config)
     frame, metadata = read_logs_with_metadata(log)
-    predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
+    predictor = load_cli_model(model, cfg)
     check_log_schema(predictor, metadata, describe_logs(log))
     result = evaluate_predictor(predictor, frame)
     if as_json:
@@ -165,8 +165,8 @@ def predict_cmd(
     """Predict one query's latency on a cluster size, given its neighbours."""
     import json
 
+    from sloctl._cli_common import load_cli_model
     from sloctl.datasets.tpc import template_frame
-    from sloctl.registry.store import load_model
 
     cfg = load_cli_config(config)
     offsets = []
@@ -181,8 +181,8 @@ def predict_cmd(
             raise typer.BadParameter(f"expected TEMPLATE@OFFSET_S; got {item!r}", param_hint="--neighbour")
     if size < 1:
         raise typer.BadParameter(f"must be >= 1; got {size}", param_hint="--size")
+    predictor = load_cli_model(model, cfg)  # before the plans: an unknown model fails fast
     frame = template_frame(benchmark, sf, data_dir or cfg.warehouse.data_dir, [(template, 0.0), *offsets], size)
-    predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
     seconds = predictor.predict(frame, neighbours="all")
     isolated = predictor.stage.predict(frame)
     result = {"template": template, "cluster_size": size, "latency_s": float(seconds[0]),

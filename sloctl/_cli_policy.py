@@ -281,9 +281,9 @@ def tune_policy_cmd(
     frame = read_logs(log)
     predictor = None
     if model is not None:
-        from sloctl.registry.store import load_model
+        from sloctl._cli_common import load_cli_model
 
-        predictor = load_model(model, tracking_uri=cfg.registry.tracking_uri)
+        predictor = load_cli_model(model, cfg)
     summary = tune_policy_run(history, frame, days=days, target_date=target_date, instance=instance,
                               predictor=predictor, strategy=strategy, budget=budget, top_k=top_k, seed=seed,
                               workers=workers, tracking_uri=cfg.registry.tracking_uri,

@@ -11,7 +11,6 @@ needs it, so ``sloctl --help`` stays fast.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
@@ -19,6 +18,7 @@ import typer
 from sloctl._cli_common import (
     SEVERAL_LOGS_HELP,
     ConfigOption,
+    bind_port,
     cli_router,
     echo,
     load_cli_config,
@@ -26,13 +26,14 @@ from sloctl._cli_common import (
     parse_sizes,
     read_logs,
 )
+from sloctl._cli_errors import SloctlGroup
 from sloctl._cli_experiments import experiment_app
 from sloctl._cli_forecast import forecast_app
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
 from sloctl._cli_sidecar import sidecar_app
-from sloctl.core.errors import QueryLogError, SloctlError
+from sloctl.core.errors import QueryLogError
 from sloctl.datasets.merge import DEFAULT_GAP_S
 
 app = typer.Typer(
@@ -41,6 +42,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=SloctlGroup,
 )
 warehouse_app = typer.Typer(help="The embedded DuckDB warehouse: generate TPC databases.",
                             no_args_is_help=True)
@@ -60,6 +62,23 @@ app.add_typer(retry_app, name="retry")
 app.add_typer(sidecar_app, name="sidecar")
 app.add_typer(forecast_app, name="forecast")
 app.command("predict")(predict_cmd)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from sloctl._cli_common import package_version
+
+        typer.echo(f"sloctl {package_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _sloctl(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                 help="Print sloctl's version (from the installed package) and exit."),
+) -> None:
+    """Learn how a service fleet behaves under load, then control it to meet latency SLOs."""
+
 
 @warehouse_app.command("generate")
 def warehouse_generate(
@@ -367,12 +386,12 @@ def _simulated_day(cfg, log_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from sloctl._cli_common import load_cli_model
     from sloctl.datasets.querylog import read_log
     from sloctl.experiments.day import plot_day, simulated_day
-    from sloctl.registry.store import load_model
 
     echo("Simulating a compressed day: round-robin on two clusters vs Queue@N vs AutoSLO autoscaling ...")
-    predictor = load_model("models:/iconq@champion", tracking_uri=cfg.registry.tracking_uri)
+    predictor = load_cli_model("models:/iconq@champion", cfg)
     frame = read_log(log_path)
     router = cli_router(cfg, predictor, frame)
     day = simulated_day(frame, predictor, slo_margin=router.slo_margin, cost_tolerance=router.cost_tolerance,
@@ -411,14 +430,17 @@ def serve_cmd(
     port = cfg.serve.port if port is None else port
     if not 0 < port < 65536:
         raise typer.BadParameter(f"must be in 1..65535; got {port}", param_hint="--port")
+    host = host or cfg.serve.host
+    sock = bind_port(host, port)  # before anything is loaded or announced: a taken port is exit 2, one line
     log_path = templates_log or cfg.serve.templates_log
     templates = load_templates_table(log_path)
     if templates is None:
         echo("no templates_log: the runtime routes with the template table inside the model bundle (models "
              "trained by this sloctl carry one); a model without one routes round-robin until one is configured")
     app_ = create_app(cfg, token=token or None, templates=templates)
-    echo(f"sloctl serve on http://{host or cfg.serve.host}:{port} (state in {cfg.serve.state_db})")
-    uvicorn.run(app_, host=host or cfg.serve.host, port=port, log_level="warning")
+    echo(f"sloctl serve on http://{host}:{sock.getsockname()[1]} (state in {cfg.serve.state_db})")
+    server = uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="warning"))
+    server.run(sockets=[sock])
 
 
 @app.command("run-live")
@@ -441,8 +463,8 @@ def run_live_cmd(
     import json
     import os
 
+    from sloctl._cli_common import load_cli_model
     from sloctl._cli_experiments import _live_db
-    from sloctl.registry.store import load_model
     from sloctl.serving.live import run_live_through_service
 
     cfg = load_cli_config(config)
@@ -451,7 +473,7 @@ def run_live_cmd(
     url = url or f"http://{cfg.serve.host}:{cfg.serve.port}"
     token = os.environ.get("SLOCTL_TOKEN") or cfg.serve.token
     result = run_live_through_service(url, token, _live_db(db, cfg), read_logs(log),
-                                      load_model(model, tracking_uri=cfg.registry.tracking_uri), load=load,
+                                      load_cli_model(model, cfg), load=load,
                                       kappa=kappa, copies=copies, seed=seed, autoscale=autoscale, warmup_s=warmup_s,
                                       on_progress=lambda done, total: echo(f"{done}/{total} queries done")
                                       if done == total else None)
@@ -465,19 +487,13 @@ def run_live_cmd(
 
 
 def main() -> None:
-    """Entry point: run the CLI; bad input exits 2 with one clear line.
+    """Entry point: run the CLI; bad input exits 2 with one line ``error: ...`` on stderr.
 
-    Set ``SLOCTL_DEBUG=1`` to see the full traceback instead.
+    The error handling lives in :class:`~sloctl._cli_errors.SloctlGroup` so
+    that tests driving ``app`` in-process see the same shape. Set
+    ``SLOCTL_DEBUG=1`` to see the full traceback instead.
     """
-    import os
-
-    try:
-        app()
-    except (SloctlError, ValueError) as exc:
-        if os.environ.get("SLOCTL_DEBUG"):
-            raise
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+    app()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,167 @@
+"""Command-line conventions (issue 18): results on stdout, logs on stderr, ``--json``, ``--version``, whole help,
+and one error shape — ``error: <message>`` on one line of stderr, exit 2 for user errors, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import socket
+from importlib.metadata import version
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from sloctl.cli import app
+
+
+def invoke(*args: str, env: dict | None = None):
+    return CliRunner().invoke(app, [str(a) for a in args], env=env)
+
+
+def assert_one_line_error(result, code: int = 2, *needles: str) -> str:
+    """The failure shape every command shares; returns the message."""
+    assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr
+    assert "\n" not in lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def _commands(command, prefix=()):
+    if hasattr(command, "commands"):
+        for name, sub in command.commands.items():
+            yield from _commands(sub, (*prefix, name))
+    else:
+        yield prefix, command
+
+
+ALL_COMMANDS = [path for path, _ in _commands(typer.main.get_command(app))]
+
+
+@pytest.fixture
+def tiny_log(tmp_path, sim_log):
+    from sloctl.datasets.querylog import write_log
+
+    return write_log(sim_log, tmp_path / "tiny.parquet")
+
+
+@pytest.fixture
+def registry_config(tmp_path):
+    """A config whose MLflow registry is an empty SQLite file in tmp_path."""
+    path = tmp_path / "c.yaml"
+    path.write_text(f"registry:\n  tracking_uri: sqlite:///{tmp_path / 'mlflow.db'}\n")
+    return path
+
+
+# --- --version and help ------------------------------------------------------------------------------------------
+
+def test_version_is_the_installed_package_version():
+    result = invoke("--version")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == f"sloctl {version('sloctl')}"
+
+
+def test_help_is_whole_when_stdout_is_not_a_terminal(monkeypatch):
+    """Before: rich wrapped help at 80 columns when piped and cut long words ("collect.scale_fact…")."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.delenv("TERMINAL_WIDTH", raising=False)
+    result = invoke("collect", "--help")
+    assert result.exit_code == 0
+    assert "(config: collect.scale_factor)" in result.stdout
+    assert "(warehouse.size_unit_cores, default 0.25 core)" in result.stdout
+    for path in ALL_COMMANDS:
+        result = invoke(*path, "--help")
+        assert result.exit_code == 0, (path, result.output)
+        assert "…" not in result.stdout, f"sloctl {' '.join(path)} --help cuts a word"
+
+
+# --- one error shape ---------------------------------------------------------------------------------------------
+
+def test_a_usage_error_is_one_line_on_stderr_and_exit_2(tmp_path):
+    result = invoke("collect", "--sizes", "1,x", "--out", tmp_path / "q.parquet")
+    assert_one_line_error(result, 2, "--sizes", "'1,x'")
+    assert result.stdout == ""
+    assert_one_line_error(invoke("no-such-command"), 2, "No such command")
+    assert_one_line_error(invoke("collect"), 2, "--out")
+
+
+def test_an_unknown_model_uri_is_one_line_and_exit_2(registry_config, tiny_log):
+    """Before: an MlflowException traceback, exit 1 (predict first generated a TPC-H database)."""
+    result = invoke("predict", "--template", "tpch-q01", "--size", "1", "--model", "models:/nope@champion",
+                    "--config", registry_config)
+    assert_one_line_error(result, 2, "--model models:/nope@champion", "not found")
+    result = invoke("evaluate", "predictor", "--log", tiny_log, "--model", "models:/nope@champion",
+                    "--config", registry_config)
+    assert_one_line_error(result, 2, "--model models:/nope@champion")
+
+
+def test_experiment_history_without_its_default_log_names_the_option(tmp_path, monkeypatch):
+    """Before: FileNotFoundError traceback from run_table5 when reports/bench_latency_log.parquet is absent."""
+    import sloctl.experiments.history as history
+
+    monkeypatch.setattr(history, "DEFAULT_LOG", tmp_path / "reports" / "bench_latency_log.parquet")
+    hourly = tmp_path / "hourly.parquet"
+    hourly.write_bytes(b"")
+    result = invoke("experiment", "history", "--hourly", hourly)
+    assert_one_line_error(result, 2, "--log", "bench_latency_log.parquet")
+
+
+def test_a_missing_database_driver_names_the_extra_to_install(tiny_log):
+    """Before: optuna's ImportError traceback ("Failed to import DB access module")."""
+    pytest.importorskip("sqlalchemy")
+    try:
+        import psycopg  # noqa: F401
+        pytest.skip("psycopg is installed here")
+    except ImportError:
+        pass
+    result = invoke("tune", "stage", "--log", tiny_log, "--trials", "1", "--storage", "postgresql://u@localhost/db")
+    assert_one_line_error(result, 2, "psycopg", "sloctl[postgres]")
+
+
+def test_serve_on_a_taken_port_exits_2_before_announcing(tmp_path, monkeypatch):
+    """Before: "sloctl serve on http://..." was printed, then uvicorn failed to bind (exit 1)."""
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("serve", "--insecure", "--host", "127.0.0.1", "--port", port)
+    assert_one_line_error(result, 2, f"--port {port}", "in use")
+    assert "serve on" not in result.stderr
+    assert not (tmp_path / "sloctl_state.db").exists()
+
+
+def test_a_bug_is_one_line_exit_1_and_debug_shows_the_traceback():
+    from sloctl._cli_errors import SloctlGroup
+
+    toy = typer.Typer(cls=SloctlGroup)
+
+    @toy.command()
+    def boom() -> None:
+        raise KeyError("oops")
+
+    @toy.command()
+    def other() -> None:
+        pass
+
+    result = CliRunner().invoke(toy, ["boom"])
+    message = assert_one_line_error(result, 1, "internal error", "KeyError", "SLOCTL_DEBUG")
+    assert "oops" in message
+    result = CliRunner().invoke(toy, ["boom"], env={"SLOCTL_DEBUG": "1"})
+    assert isinstance(result.exception, KeyError)
+
+
+def test_bad_input_through_the_entry_point_has_no_traceback(run_sloctl, tmp_path):
+    """The shell path (``sloctl.cli:main``) is the same as the in-process one."""
+    out = run_sloctl("log", "summary", tmp_path / "missing.parquet")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing.parquet'}: query log not found."]
+    assert "Traceback" not in out.stderr and out.stdout == ""
+
+
+def _json_stdout(result) -> dict:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
