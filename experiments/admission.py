@@ -34,11 +34,13 @@ from sloctl.simulation.server_sim import (
     SimResult,
     capacity_per_s,
     isolated_service_s,
+    oracle_bound,
     simulate,
 )
 
-__all__ = ["APPROACHES", "admission_experiment", "bus_loss_sensitivity", "make_policy",
-           "plot_admission", "synthetic_workload"]
+__all__ = ["APPROACHES", "MIXES", "SWEEP_LOADS", "admission_experiment", "bus_loss_sensitivity", "make_policy",
+           "mix_workload", "plot_admission", "sweep_experiment", "synthetic_workload", "three_bottleneck_workload",
+           "up_to_figures"]
 
 APPROACHES = ("none", "single-queue", "seda", "protego", "svalinn")
 SLO_MULTIPLE = 3.0  # SLO = 3 × isolated service time, for both types
@@ -47,19 +49,50 @@ CHANGE_THREAD_SCALE = 1.5  # per-thread bandwidth of memory sections after the d
 
 
 def synthetic_workload(slo_multiple: float = SLO_MULTIPLE, config: ServerConfig = ServerConfig(),
-                       thread_scale: float = 1.0) -> list[RequestType]:
-    """The 50/50 mix: short CPU requests (5 µs) and memory requests (2 µs CPU + 600 kB at ≤ 10 GB/s/thread).
+                       thread_scale: float = 1.0, cpu_share: float = 0.5) -> list[RequestType]:
+    """The CPU/memory mix: short CPU requests (5 µs) and memory requests (2 µs CPU + 600 kB at ≤ 10 GB/s/thread).
 
     On the default machine (16 cores, 60 GB/s) six memory sections saturate the bus.
-    ``thread_scale`` multiplies the memory sections' per-thread bandwidth (the demand change).
+    ``thread_scale`` multiplies the memory sections' per-thread bandwidth (the demand change);
+    ``cpu_share`` is the CPU requests' share of arrivals (0.5: the 50/50 mix).
     """
-    cpu = RequestType("cpu", "be", cpu_s=5e-6, slo_s=1.0, share=0.5)
-    mem = RequestType("mem", "be", cpu_s=2e-6, mem_bytes=600e3, slo_s=1.0, share=0.5,
+    if not 0 < cpu_share < 1:
+        raise ValueError(f"The 'cpu_share' parameter of synthetic_workload must be in (0, 1), got {cpu_share!r}.")
+    cpu = RequestType("cpu", "be", cpu_s=5e-6, slo_s=1.0, share=cpu_share)
+    mem = RequestType("mem", "be", cpu_s=2e-6, mem_bytes=600e3, slo_s=1.0, share=1 - cpu_share,
                       thread_bytes_per_s=config.thread_bytes_per_s * thread_scale)
     base = [cpu, dataclasses.replace(mem, thread_bytes_per_s=config.thread_bytes_per_s)]
     # SLOs come from the pre-change service times, so a demand change does not move them.
     return [dataclasses.replace(t, slo_s=slo_multiple * isolated_service_s(b, config)) for t, b in zip(
         [cpu, mem], base, strict=True)]
+
+
+def three_bottleneck_workload(slo_multiple: float = SLO_MULTIPLE, config: ServerConfig = ServerConfig()
+                              ) -> list[RequestType]:
+    """CPU, memory-bandwidth and lock requests, a third each (the shape of Svalinn Fig. 12).
+
+    ``cpu``: 40 µs of compute. ``mem``: as in :func:`synthetic_workload`. ``lock``: 2 µs of CPU, then a
+    10 µs critical section on the lock ``hot``. At capacity (300 000 req/s on the default machine) the
+    bus and the lock saturate together and the cores are 71 % busy; from about 2 × capacity on, CPU
+    requests alone could fill the cores left over.
+    """
+    cpu = RequestType("cpu", "be", cpu_s=40e-6, share=1.0)
+    mem = RequestType("mem", "be", cpu_s=2e-6, mem_bytes=600e3, share=1.0)
+    lock = RequestType("lock", "be", cpu_s=2e-6, lock="hot", lock_s=10e-6, share=1.0)
+    return [dataclasses.replace(t, slo_s=slo_multiple * isolated_service_s(t, config)) for t in (cpu, mem, lock)]
+
+
+MIXES = ("50/50", "80/20", "20/80", "three-bottleneck")  # CPU/memory shares; then CPU / memory / lock
+
+
+def mix_workload(mix: str, config: ServerConfig = ServerConfig()) -> list[RequestType]:
+    """The request types of one of :data:`MIXES`."""
+    if mix == "three-bottleneck":
+        return three_bottleneck_workload(config=config)
+    shares = {"50/50": 0.5, "80/20": 0.8, "20/80": 0.2}
+    if mix not in shares:
+        raise ValueError(f"The 'mix' parameter must be one of {', '.join(MIXES)}, got {mix!r}.")
+    return synthetic_workload(config=config, cpu_share=shares[mix])
 
 
 def make_policy(name: str, types: Sequence[RequestType], config: ServerConfig, *, capacity: float, seed: int = 0,
@@ -82,10 +115,104 @@ def make_policy(name: str, types: Sequence[RequestType], config: ServerConfig, *
     raise ValueError(f"The 'name' parameter of make_policy must be one of {', '.join(APPROACHES)}, got {name!r}.")
 
 
-def _summary(result: SimResult) -> dict[str, Any]:
-    return {"goodput_per_s": {n: result.goodput_per_s(n) for n in result.types},
-            "p99_s": {n: result.p_latency_s(n, 0.99) for n in result.types},
-            "drop_rate": result.drop_rate}
+def _summary(result: SimResult, bound: Any = None) -> dict[str, Any]:
+    out = {"goodput_per_s": {n: result.goodput_per_s(n) for n in result.types},
+           "p99_s": {n: result.p_latency_s(n, 0.99) for n in result.types},
+           "drop_rate": result.drop_rate}
+    if bound is not None:
+        total = sum(out["goodput_per_s"].values())
+        out["fraction_of_oracle"] = bound.fraction(out["goodput_per_s"])
+        out["total_goodput_per_s"] = total
+        out["total_fraction_of_oracle"] = total / bound.total_per_s if bound.total_per_s else math.nan
+    return out
+
+
+SWEEP_LOADS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+
+
+def sweep_experiment(*, mixes: Sequence[str] = MIXES, loads: Sequence[float] = SWEEP_LOADS,
+                     approaches: Sequence[str] = APPROACHES, seed: int = 0, duration_s: float = 0.1
+                     ) -> list[dict[str, Any]]:
+    """Every approach at every load of every mix, graded against the goodput bound (issue 21).
+
+    Returns:
+        One row per (mix, load): ``{"mix", "load_factor", "capacity_per_s", "oracle": GoodputBound.to_dict(),
+        "results": {approach: {"goodput_per_s", "p99_s", "drop_rate", "fraction_of_oracle",
+        "total_goodput_per_s", "total_fraction_of_oracle", "utilisation", "locks"}}}``.
+    """
+    config = ServerConfig()
+    rows = []
+    for mix in mixes:
+        types = mix_workload(mix, config)
+        capacity, _ = capacity_per_s(types, config)
+        for load in loads:
+            bound = oracle_bound(types, config, load * capacity)
+            row = {"mix": mix, "load_factor": float(load), "capacity_per_s": capacity, "oracle": bound.to_dict(),
+                   "slo_s": {t.name: t.slo_s for t in types}, "results": {}}
+            for name in approaches:
+                result, _ = _run(name, types, config, capacity, load, seed, duration_s)
+                row["results"][name] = {**_summary(result, bound), "utilisation": result.utilisation,
+                                        "locks": result.locks}
+            rows.append(row)
+    return rows
+
+
+def up_to_figures(rows: Sequence[dict[str, Any]], *, policy: str = "svalinn") -> dict[str, Any]:
+    """The "up to" figures of a sweep: per mix and baseline, the largest ``policy`` ÷ baseline goodput per
+    class (and in total) and the load where it occurs; a baseline at 0 is reported as such, not as ∞.
+
+    Also ``min_fraction_of_oracle``: per mix, ``policy``'s smallest fraction of the bound over every load
+    and every class the bound serves, and where it occurs.
+    """
+    out: dict[str, Any] = {}
+    for mix in dict.fromkeys(r["mix"] for r in rows):
+        mine = [r for r in rows if r["mix"] == mix]
+        entry: dict[str, Any] = {"ratios": {}}
+        for base in (a for a in mine[0]["results"] if a != policy):
+            per: dict[str, Any] = {}
+            for key in [*mine[0]["oracle"]["goodput_per_s"], "total"]:
+                best = None
+                for r in mine:
+                    ours, theirs = (r["results"][policy], r["results"][base])
+                    a = ours["total_goodput_per_s"] if key == "total" else ours["goodput_per_s"].get(key, 0.0)
+                    b = theirs["total_goodput_per_s"] if key == "total" else theirs["goodput_per_s"].get(key, 0.0)
+                    if b > 0 and (best is None or a / b > best["ratio"]):
+                        best = {"ratio": a / b, "load_factor": r["load_factor"]}
+                zero = [r["load_factor"] for r in mine if (r["results"][base]["total_goodput_per_s"] if key == "total"
+                                                           else r["results"][base]["goodput_per_s"].get(key, 0.0)) <= 0]
+                per[key] = {**(best or {"ratio": math.nan, "load_factor": math.nan}), "baseline_zero_at": zero}
+            entry["ratios"][base] = per
+        worst = None
+        for r in mine:
+            for klass, frac in r["results"][policy]["fraction_of_oracle"].items():
+                if not math.isnan(frac) and (worst is None or frac < worst["fraction"]):
+                    worst = {"fraction": frac, "class": klass, "load_factor": r["load_factor"]}
+        entry["min_fraction_of_oracle"] = worst
+        out[mix] = entry
+    return out
+
+
+def _targets(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's done-when checks on a sweep, measured (never forced): each with its figures."""
+    fractions = [{"mix": r["mix"], "load_factor": r["load_factor"], "class": k, "fraction": f}
+                 for r in rows for k, f in r["results"].get("svalinn", {}).get("fraction_of_oracle", {}).items()
+                 if not math.isnan(f)]
+    cpu = [{"load_factor": r["load_factor"],
+            "ratio": (r["results"]["svalinn"]["goodput_per_s"]["cpu"] / r["results"]["single-queue"]["goodput_per_s"]
+                      ["cpu"]) if r["results"]["single-queue"]["goodput_per_s"]["cpu"] else math.inf}
+           for r in rows if r["mix"] == "50/50" and {"svalinn", "single-queue"} <= set(r["results"])]
+    three = [{"load_factor": r["load_factor"], **{a: r["results"][a]["total_goodput_per_s"]
+                                                  for a in ("svalinn", "single-queue", "protego")}}
+             for r in rows if r["mix"] == "three-bottleneck" and
+             {"svalinn", "single-queue", "protego"} <= set(r["results"])]
+    return {
+        "svalinn_at_least_0.9_of_oracle": {"met": all(f["fraction"] >= 0.9 for f in fractions),
+                                           "misses": [f for f in fractions if f["fraction"] < 0.9]},
+        "cpu_vs_single_queue_at_least_0.95_load_50_50": {
+            "met": all(c["ratio"] >= 0.95 * c["load_factor"] for c in cpu), "ratios": cpu},
+        "three_bottleneck_total_beats_both": {
+            "met": all(t["svalinn"] > max(t["single-queue"], t["protego"]) for t in three), "totals": three},
+    }
 
 
 def _run(name, types, config, capacity, load, seed, duration_s, **kwargs) -> tuple[SimResult, Any]:
@@ -150,38 +277,34 @@ def bus_loss_sensitivity(losses: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5
 
 
 def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s: float = 0.2,
-                         loads: Sequence[float] = (0.5, 1, 1.5, 2, 2.5, 3),
-                         bus_losses: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5)) -> dict[str, Any]:
-    """Run the overload comparison, the load sweep, the convergence and the drop-utility experiments.
+                         loads: Sequence[float] = SWEEP_LOADS, mixes: Sequence[str] = MIXES,
+                         sweep_duration_s: float = 0.1, bus_losses: Sequence[float] = ()) -> dict[str, Any]:
+    """Run the overload comparison, the sweep over loads and mixes, the convergence and the drop-utility runs.
+
+    Every goodput is graded against the bound of :func:`~sloctl.simulation.server_sim.oracle_bound`.
 
     Args:
-        load_factor: offered load of the overload comparison, × capacity.
+        load_factor: offered load of the overload comparison (50/50 mix), × capacity.
         seed: seeds arrivals and every controller.
-        duration_s: simulated seconds per run (the first quarter is warm-up).
+        duration_s: simulated seconds of the overload comparison (the first quarter is warm-up).
         loads: loads of the sweep, × capacity.
-        bus_losses: γ values of :func:`bus_loss_sensitivity` (empty: skip it).
+        mixes: mixes of the sweep (see :data:`MIXES`); empty: no sweep.
+        sweep_duration_s: simulated seconds per sweep run.
+        bus_losses: γ values of :func:`bus_loss_sensitivity` (default empty: the what-if is off).
 
     Returns:
-        ``{"overload": {"load_factor", "results": {approach: {"goodput_per_s",
-        "p99_s", "drop_rate"}}}, "baseline": "single-queue", "convergence_ms",
-        "sweep": [...], "drop_utility": {...}, "bus_loss_sensitivity": [...]}`` plus ``capacity_per_s``,
-        ``slo_s`` and ``convergence`` (details of the convergence run).
+        ``{"overload": {"load_factor", "results": {approach: {"goodput_per_s", "p99_s", "drop_rate",
+        "fraction_of_oracle", ...}}}, "oracle": {...}, "baseline": "single-queue", "convergence_ms",
+        "sweep": [...], "up_to": {...}, "targets": {...}, "drop_utility": {...}, "bus_loss_sensitivity": [...]}``
+        plus ``capacity_per_s``, ``slo_s`` and ``convergence`` (details of the convergence run).
     """
-
     config = ServerConfig()
     types = synthetic_workload(config=config)
     capacity, _ = capacity_per_s(types, config)
-    sweep = []
-    for load in loads:
-        row = {"load_factor": float(load), "results": {}}
-        for name in APPROACHES:
-            result, _ = _run(name, types, config, capacity, load, seed, duration_s)
-            row["results"][name] = {**_summary(result), "utilisation": result.utilisation}
-        sweep.append(row)
-    by_load = {row["load_factor"]: row["results"] for row in sweep}
-    overload = by_load.get(float(load_factor)) or {
-        name: _summary(_run(name, types, config, capacity, load_factor, seed, duration_s)[0]) for name in APPROACHES}
-    overload = {name: {k: r[k] for k in ("goodput_per_s", "p99_s", "drop_rate")} for name, r in overload.items()}
+    bound = oracle_bound(types, config, load_factor * capacity)
+    overload = {name: _summary(_run(name, types, config, capacity, load_factor, seed, duration_s)[0], bound)
+                for name in APPROACHES}
+    sweep = sweep_experiment(mixes=mixes, loads=loads, seed=seed, duration_s=sweep_duration_s) if mixes else []
     convergence = _convergence(config, capacity, load_factor, seed)
     drop_utility = {}
     for label, utility in (("throughput", ThroughputUtility()), ("drop_penalty_0.1", DropPenaltyUtility(0.1))):
@@ -189,12 +312,15 @@ def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s:
         drop_utility[label] = {"drop_rate": result.drop_rate,
                                "throughput_per_s": sum(s.completed for s in result.types.values()) / result.window_s,
                                "goodput_per_s": sum(result.goodput_per_s(n) for n in result.types)}
-    return {"overload": {"load_factor": float(load_factor), "results": overload}, "baseline": "single-queue",
-            "convergence_ms": convergence["convergence_ms"], "sweep": sweep,
+    return {"overload": {"load_factor": float(load_factor), "results": overload}, "oracle": bound.to_dict(),
+            "baseline": "single-queue", "convergence_ms": convergence["convergence_ms"], "sweep": sweep,
+            "up_to": up_to_figures(sweep) if sweep else {}, "targets": _targets(sweep) if sweep else {},
+            "sweep_duration_s": sweep_duration_s, "duration_s": duration_s, "seed": seed,
             "drop_utility": {"load_factor": DROP_LOAD_FACTOR, **drop_utility},
             "bus_loss_sensitivity": bus_loss_sensitivity(bus_losses, load_factor=load_factor, seed=seed,
                                                          duration_s=duration_s) if bus_losses else [],
-            "capacity_per_s": capacity, "slo_s": {t.name: t.slo_s for t in types}, "convergence": convergence}
+            "capacity_per_s": capacity, "slo_s": {t.name: t.slo_s for t in types}, "convergence": convergence,
+            "world": "simulation.server_sim (fluid bus, FIFO run queue, FIFO locks), seeded"}
 
 
 def plot_admission(result: dict[str, Any], folder: str | Path) -> list[Path]:
@@ -206,14 +332,15 @@ def plot_admission(result: dict[str, Any], folder: str | Path) -> list[Path]:
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    loads = [row["load_factor"] for row in result["sweep"]]
+    sweep = [row for row in result["sweep"] if row.get("mix", "50/50") == "50/50"]
+    loads = [row["load_factor"] for row in sweep]
     types = list(result["slo_s"])
     paths = []
     for metric, label, scale in (("goodput_per_s", "goodput (k req/s)", 1e-3), ("p99_s", "p99 latency (µs)", 1e6)):
         fig, axes = plt.subplots(1, len(types), figsize=(5 * len(types), 3.5), squeeze=False)
         for ax, name in zip(axes[0], types, strict=True):
             for approach in APPROACHES:
-                ys = [row["results"][approach][metric].get(name, math.nan) * scale for row in result["sweep"]]
+                ys = [row["results"][approach][metric].get(name, math.nan) * scale for row in sweep]
                 ax.plot(loads, ys, marker="o", label=approach)
             if metric == "p99_s":
                 ax.axhline(result["slo_s"][name] * scale, color="k", ls="--", lw=0.8, label="SLO")

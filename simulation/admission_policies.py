@@ -9,8 +9,9 @@ overrides the do-nothing defaults of :class:`~sloctl.control.admission.AdmitAll`
   pool for all requests, AIMD on the measured run-queue delay.
 * ``seda`` — :class:`SedaPolicy`: a token bucket whose rate follows the p99
   of latency/SLO (SEDA's adaptive admission controller).
-* ``protego`` — :class:`ProtegoPolicy`: drop before a lock when the wait
-  would not fit the request's remaining SLO; everything else admitted.
+* ``protego`` — :class:`ProtegoPolicy`: Protego's credit pool (raised only
+  while throughput rises and the credits are used) and a drop before a lock
+  when the wait would not fit the request's remaining SLO; no view of memory.
 """
 
 from __future__ import annotations
@@ -142,20 +143,79 @@ class SedaPolicy(AdmitAll):
 
 
 class ProtegoPolicy(AdmitAll):
-    """Protego-like lock AQM: drop before a lock whose expected wait exceeds the request's remaining SLO.
+    """Protego-like: a throughput-driven credit pool and lock AQM (drop before a lock whose expected wait
+    exceeds the request's remaining SLO); memory bandwidth is not managed.
 
-    The expected wait is ``(queue_len + 1) · h`` (the waiters plus the
-    holder's section), ``h`` an EWMA of lock hold times; the budget is what
-    is left of the SLO after the time already spent and the request's own
-    lock section. Other bottlenecks are not managed.
+    Credits (as in Protego's published controller): every ``credit_interval_s`` compare this
+    interval's completions ``Δout`` and arrivals ``Δin`` with the last interval's; the pool grows by
+    ``step`` only if ``Δout`` rose, ``10 · Δout ≥ Δin`` and the credits were all in use at some point of
+    the interval, otherwise it shrinks by ``step``. A request is admitted while fewer than the pool are
+    in flight. ``credits=False`` leaves only the lock AQM.
+
+    Lock AQM: the expected wait is ``(queue_len + 1) · h`` (the waiters plus the holder's section),
+    ``h`` an EWMA of lock hold times; the budget is what is left of the SLO after the time already
+    spent and the request's own lock section.
 
     Args:
         ewma: weight of the newest hold sample.
+        credits: run the credit pool.
+        initial_credits, min_credits, max_credits: the pool (requests in flight).
+        step: credits added or removed per interval (Protego: ``max(1, sessions × 0.001)``).
+        credit_interval_s: the pool's cadence (Protego: 200–400 µs).
     """
 
-    def __init__(self, ewma: float = 0.2) -> None:
+    def __init__(self, ewma: float = 0.2, credits: bool = True, initial_credits: float = 16.0,
+                 min_credits: float = 1.0, max_credits: float = 65536.0, step: float = 1.0,
+                 credit_interval_s: float = 0.0003) -> None:
         self.ewma = ewma
+        self.credits = credits
+        self.initial_credits = initial_credits
+        self.min_credits = min_credits
+        self.max_credits = max_credits
+        self.step = step
+        self.credit_interval_s = credit_interval_s
         self.hold_s_: dict[str, float] = {}
+        self.credits_ = float(initial_credits)
+        self.in_flight_ = 0
+        self._in = self._out = 0
+        self._last_out: int | None = None
+        self._saturated = False
+        self._last_adjust_s = 0.0
+
+    def on_arrival(self, req: AdmissionRequest, now_s: float) -> bool:
+        if not self.credits:
+            return True
+        self._in += 1
+        if self.in_flight_ >= max(1.0, self.credits_):
+            self._saturated = True
+            return False
+        self.in_flight_ += 1
+        self._saturated |= self.in_flight_ >= self.credits_
+        req.ctx["credit"] = True
+        return True
+
+    def _release(self, req: AdmissionRequest) -> None:
+        if req.ctx.pop("credit", False):
+            self.in_flight_ -= 1
+
+    def on_complete(self, req: AdmissionRequest, now_s: float) -> None:
+        self._out += 1
+        self._release(req)
+
+    def on_drop(self, req: AdmissionRequest, now_s: float, partial: bool) -> None:
+        self._release(req)
+
+    def tick(self, now_s: float) -> None:
+        if not self.credits or now_s - self._last_adjust_s < self.credit_interval_s * (1 - 1e-9):
+            return
+        rose = self._last_out is not None and self._out > self._last_out
+        if rose and 10 * self._out >= self._in and self._saturated:
+            self.credits_ += self.step
+        else:
+            self.credits_ -= self.step
+        self.credits_ = min(max(self.credits_, self.min_credits), self.max_credits)
+        self._last_out, self._in, self._out, self._saturated = self._out, 0, 0, False
+        self._last_adjust_s = now_s
 
     def on_enqueue(self, req: AdmissionRequest, bottleneck: str, queue_len: int, now_s: float) -> bool:
         if bottleneck == "cpu":
@@ -168,3 +228,6 @@ class ProtegoPolicy(AdmitAll):
         if bottleneck != "cpu":
             old = self.hold_s_.get(bottleneck, req.rtype.lock_s)
             self.hold_s_[bottleneck] = self.ewma * req.rtype.lock_s + (1 - self.ewma) * old
+
+    def gauges(self) -> dict[str, float]:
+        return {"credits": self.credits_} if self.credits else {}

@@ -164,6 +164,7 @@ class SimResult:
     bandwidth_bytes_per_s: float
     series: dict[str, list[float]]
     events: int
+    locks: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def goodput_per_s(self, name: str) -> float:
         """Completions of ``name`` within its SLO, per second of the window."""
@@ -185,7 +186,8 @@ class SimResult:
                         "p50_s": self.p_latency_s(n, 0.5), "p99_s": self.p_latency_s(n, 0.99),
                         "slo_s": self.slo_s[n]} for n, s in self.types.items()}
         return {"types": per_type, "drop_rate": self.drop_rate, "utilisation": self.utilisation,
-                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "window_s": self.window_s}
+                "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "window_s": self.window_s,
+                "locks": {n: dict(c) for n, c in self.locks.items()}}
 
 
 def simulate(types: Sequence[RequestType], policy: AdmissionController, *, rate_per_s: float, duration_s: float,
@@ -262,6 +264,8 @@ class _Engine:
         self.runq: deque[Request] = deque()
         self.locks: dict[str, Request | None] = {}
         self.lock_waiters: dict[str, deque[Request]] = {}
+        # Per lock, over measured requests: sections run, sections that waited for the holder, refusals at the lock.
+        self.lock_counts: dict[str, dict[str, int]] = {}
         self.mem_active: dict[Request, float] = {}  # request -> bytes left
         self.mem_last_s = 0.0
         self.mem_version = 0
@@ -332,7 +336,7 @@ class _Engine:
         return SimResult(window_s=window, types={n: s for n, s in self.stats.items() if s.offered},
                          slo_s=self.slo, utilisation=(busy1 - busy0) / (window * self.config.cores),
                          bandwidth_bytes_per_s=(self.marks["end_bytes"][0] - self.marks["start_bytes"][0]) / window,
-                         series=self.series, events=self.events)
+                         series=self.series, events=self.events, locks=self.lock_counts)
 
     def _on_mark(self, which: str) -> None:
         self._account_cores()
@@ -473,11 +477,16 @@ class _Engine:
     def _enter_lock(self, req: Request) -> None:
         name = req.rtype.lock
         waiters = self.lock_waiters.setdefault(name, deque())
+        counts = self.lock_counts.setdefault(name, {"held": 0, "waited": 0, "dropped": 0})
+        measured = self._measured(req) is not None
         if not self.policy.on_enqueue(req, name, len(waiters), self.now):
+            counts["dropped"] += measured
             self._free_core(req)
             self._drop(req, partial=True)
             self._dispatch()
             return
+        counts["held"] += measured
+        counts["waited"] += measured and self.locks.get(name) is not None
         if self.locks.get(name) is None:
             self.locks[name] = req
             self.policy.on_dequeue(req, name, 0.0, self.now)

@@ -5,8 +5,16 @@ from __future__ import annotations
 import pytest
 
 from sloctl.control.admission import AdmitAll
-from sloctl.experiments.admission import APPROACHES, make_policy, synthetic_workload
-from sloctl.simulation.server_sim import RequestType, ServerConfig, capacity_per_s, isolated_service_s, simulate
+from sloctl.experiments.admission import APPROACHES, make_policy, synthetic_workload, three_bottleneck_workload
+from sloctl.simulation.admission_policies import ProtegoPolicy
+from sloctl.simulation.server_sim import (
+    Request,
+    RequestType,
+    ServerConfig,
+    capacity_per_s,
+    isolated_service_s,
+    simulate,
+)
 
 CONFIG = ServerConfig()
 TYPES = synthetic_workload(config=CONFIG)
@@ -77,13 +85,49 @@ def test_baseline_admits_all_when_light_and_drops_under_overload(name):
     assert _run(name, 2.0).drop_rate > 0.2
 
 
-def test_protego_admits_all_when_light_and_drops_at_a_hot_lock_under_overload():
+def test_protego_lock_aqm_admits_all_when_light_and_drops_at_a_hot_lock_under_overload():
     hot = RequestType("write", "be", cpu_s=2e-6, lock="row", lock_s=10e-6, slo_s=100e-6)
     capacity, _ = capacity_per_s([hot], CONFIG)
-    assert _run("protego", 0.3, types=[hot], capacity=capacity).drop_rate == 0.0
-    overloaded = _run("protego", 2.0, types=[hot], capacity=capacity)
+
+    def run(load):
+        return simulate([hot], ProtegoPolicy(credits=False), rate_per_s=load * capacity, duration_s=0.04,
+                        warmup_s=0.01, config=CONFIG)
+
+    assert run(0.3).drop_rate == 0.0
+    overloaded = run(2.0)
     assert overloaded.drop_rate > 0.3
+    assert overloaded.locks["row"]["dropped"] > 0  # refused at the lock, not before
     assert overloaded.p_latency_s("write", 0.99) <= hot.slo_s
+
+
+def test_protego_credits_grow_only_while_throughput_rises_and_the_pool_is_used():
+    policy = ProtegoPolicy(initial_credits=4, credit_interval_s=1e-3)
+    policy.tick(1e-3)  # the first interval has nothing to compare with: the pool shrinks
+    assert policy.credits_ == 3
+    req = [Request(i, TYPES[0], 1e-3) for i in range(5)]
+    assert [policy.on_arrival(r, 1e-3) for r in req] == [True, True, True, False, False]  # used up
+    for r in req[:3]:
+        policy.on_complete(r, 1.5e-3)
+    policy.tick(2e-3)  # out rose 0 → 3 with the credits all used: grow
+    assert policy.credits_ == 4
+    policy.tick(3e-3)  # nothing completed: shrink
+    assert policy.credits_ == 3
+
+
+def test_the_three_bottleneck_mix_runs_through_the_lock():
+    types = three_bottleneck_workload(config=CONFIG)
+    capacity, _ = capacity_per_s(types, CONFIG)
+    assert {t.lock for t in types} == {None, "hot"}
+    light = _run("svalinn", 0.5, types=types, capacity=capacity)
+    hot = light.locks["hot"]
+    assert hot["held"] == light.types["lock"].completed > 0  # every completed lock request held the lock
+    assert hot["waited"] > 0  # and some waited for its holder
+    overloaded = _run("protego", 2.0, types=types, capacity=capacity)
+    # Under overload the lock is contended: its AQM refuses requests at the lock, and never more than
+    # one second of lock sections runs per second.
+    lock = next(t for t in types if t.name == "lock")
+    assert overloaded.locks["hot"]["dropped"] > 0 and overloaded.locks["hot"]["waited"] > 0
+    assert overloaded.locks["hot"]["held"] * lock.lock_s / overloaded.window_s <= 1.0 + 1e-9
 
 
 @pytest.mark.parametrize("name", APPROACHES)
