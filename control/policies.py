@@ -230,6 +230,9 @@ class RetryPolicy:
         evaluated: budget vectors the search evaluated.
         simulated: the same table from the discrete-event simulator, with CIs (None: not confirmed).
         provenance: ``data_hash`` (network and budgets), ``source``, ``seed`` of the confirmation.
+        explanation: ``{class: why}`` for each class the search gave no retries (k = 0 at every
+            hop): at that load a retry adds no goodput, costs the other classes more than it gains,
+            or would break the amplification cap or a target.
     """
 
     kind: ClassVar[str] = "retry-policy"
@@ -245,6 +248,7 @@ class RetryPolicy:
     evaluated: int
     simulated: Mapping[str, Mapping[str, Any]] | None = None
     provenance: Mapping[str, str] = field(default_factory=dict)
+    explanation: Mapping[str, str] = field(default_factory=dict)
 
     def budget(self, klass: str, service: str) -> int:
         """k of ``klass`` for calls into ``service`` (the registry pyfunc's old per-row lookup)."""
@@ -270,12 +274,13 @@ class RetryPolicy:
                 "score": float(self.score), "amplification": float(self.amplification),
                 "predicted": _json(self.predicted, "predicted"), "simulated": _json(self.simulated, "simulated"),
                 "search": _json(self.search, "search"), "evaluated": int(self.evaluated),
-                "network": _json(self.network, "network"), "provenance": _json(self.provenance, "provenance")}
+                "network": _json(self.network, "network"), "provenance": _json(self.provenance, "provenance"),
+                "explanation": _json(self.explanation, "explanation")}
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> RetryPolicy:
         f = _open(cls, doc, ("retries", "feasible", "score", "amplification", "predicted", "simulated", "search",
-                             "evaluated", "network"))
+                             "evaluated", "network", "explanation"))
         retries_f = f.sub("retries")
         if not retries_f.doc:
             raise f.error("retries", "map each class to {service: k} (at least one class)", retries_f.doc)
@@ -294,7 +299,7 @@ class RetryPolicy:
         return cls(retries=retries, feasible=f.boolean("feasible"), score=f.number("score"),
                    amplification=f.number("amplification"), predicted=predicted, search=f.json("search"),
                    network=f.json("network"), evaluated=f.integer("evaluated", lo=0), simulated=simulated,
-                   provenance=f.strings("provenance", {}))
+                   provenance=f.strings("provenance", {}), explanation=f.strings("explanation", {}))
 
 
 # -- admission-policy -------------------------------------------------------------------

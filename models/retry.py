@@ -12,6 +12,7 @@ arrivals, ``F`` routing. The network file is described in ``docs/retry.md``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -29,6 +30,7 @@ __all__ = [
     "offered_rho",
     "phi",
     "residual_alpha",
+    "scale_to_load",
     "solve_network",
     "solve_single_service",
     "uniqueness_report",
@@ -255,6 +257,25 @@ def solve_network(spec: NetworkSpec, model: str = "mixed", *, residual: bool = F
         class_completed_per_s=(gamma * completion).sum(axis=1), converged=converged,
         iterations=iterations, uniqueness=_uniqueness(F, order is not None), offered_rho=_offered_rho(gamma, F, mu),
         requests=requests, alpha=alpha_arr)
+
+
+def scale_to_load(spec: NetworkSpec, rho: float) -> NetworkSpec:
+    """``spec`` with every class's external arrivals scaled by one factor so that :func:`offered_rho` is ``rho``.
+
+    The offered load is linear in the arrivals (``lam0 = gamma (I - F)^-1``),
+    so the factor is ``rho / offered_rho(spec)`` and the class mix is kept.
+
+    Raises:
+        ValueError: ``rho`` is not positive, or the network has no arrivals to scale.
+    """
+    if isinstance(rho, bool) or not isinstance(rho, int | float) or not (0 < rho < math.inf):
+        raise ValueError(f"The 'rho' parameter must be a bottleneck load > 0 (1 = saturated), got {rho!r}.")
+    now = offered_rho(spec)
+    if not now > 0:
+        raise ValueError("The network has no external arrivals, so its load cannot be scaled to "
+                         f"rho = {rho:g}; give some class an 'arrivals' rate.")
+    factor = rho / now
+    return spec.scale_arrivals(dict.fromkeys(spec.classes, factor))
 
 
 def offered_rho(spec: NetworkSpec) -> float:

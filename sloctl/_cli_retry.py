@@ -160,6 +160,10 @@ def optimise_cmd(
     target: list[str] = typer.Option([], help="Per-class end-to-end rejection target, CLASS=X (repeatable)."),
     max_amplification: float = typer.Option(math.inf, help="Cap on attempts per original call, network-wide."),
     max_retries: int = typer.Option(6, help="Largest k considered."),
+    rho: float | None = typer.Option(None, "--rho", "--load",
+                                     help="Optimise at this bottleneck offered load (1 = saturated): every class's "
+                                          "external arrivals are scaled by one factor to reach it (default: the "
+                                          "file's arrivals). Budgets chosen at a light load are k = 0."),
     per_hop: bool = typer.Option(False, help="Refine the budgets hop by hop (coordinate descent)."),
     confirm_s: float = typer.Option(300.0, help="Simulated seconds to confirm the winner (0: skip)."),
     seed: int = typer.Option(0),
@@ -186,8 +190,16 @@ def optimise_cmd(
                                      param_hint="--target") from None
     search = BudgetSearch(objective=objective, targets=targets, max_amplification=max_amplification,
                           max_retries=max_retries, per_hop=per_hop, model=model)
-    policy = optimise_budgets(spec, search, on_progress=None if as_json else
-                              lambda n, total: echo(f"evaluated {n}/{total} budget vectors"))
+    if rho is not None and not 0 < rho <= 100:
+        raise typer.BadParameter(f"must be a load in (0, 100] (1 = the bottleneck saturated); got {rho}",
+                                 param_hint="--rho")
+    from sloctl.core.progress import progress
+
+    with progress("retry optimise: budget vectors", total=None) as bar:
+        policy = optimise_budgets(spec, search, load=rho, on_progress=bar.callback())
+    if rho is not None:
+        echo(f"optimising at offered load ρ = {policy.search['offered_rho']:.2f} "
+             f"(arrivals × {policy.search['load_scale']:.3g})")
     if confirm_s > 0:
         echo(f"confirming in the simulator ({confirm_s:g} s, seed {seed}) ...")
         policy = confirm_by_simulation(policy, seed=seed, duration_s=confirm_s)
@@ -202,8 +214,9 @@ def optimise_cmd(
         typer.echo(json.dumps(doc))
         return
     verdict = "meets the constraints" if policy.feasible else "INFEASIBLE: best effort shown"
-    typer.echo(f"best budgets ({verdict}); amplification {policy.amplification:.2f} attempts per call, "
-               f"weighted goodput {policy.score:.2f}/s, {policy.evaluated} candidates")
+    typer.echo(f"best budgets at offered load ρ = {policy.search['offered_rho']:.2f} ({verdict}); amplification "
+               f"{policy.amplification:.2f} attempts per call, weighted goodput {policy.score:.2f}/s, "
+               f"{policy.evaluated} candidates")
     for klass, row in policy.retries.items():
         ks = sorted(set(row.values()))
         k_text = str(ks[0]) if len(ks) == 1 else json.dumps(row)
@@ -211,3 +224,10 @@ def optimise_cmd(
         sim_text = f"  simulated {sim['end_to_end_rejection']:.4f}" if sim else ""
         predicted = policy.predicted[klass]["end_to_end_rejection"]
         typer.echo(f"  {klass:<10} k={k_text}  predicted rejection {predicted:.4f}{sim_text}")
+        if klass in policy.explanation:
+            typer.echo(f"  {'':<10} why k=0: {policy.explanation[klass]}")
+    from sloctl.models.retry_timing import sidecar_timing
+
+    timing = sidecar_timing(policy.network, policy.retries)
+    typer.echo(f"sidecars: every retry waits U[0, {timing['back_off_base_s']:g} s) (Envoy back-off base = max), "
+               f"mean {timing['retry_delay_s']:g} s = the analysis's retry delay ({timing['retry_delay_source']})")

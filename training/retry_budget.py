@@ -29,12 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from sloctl.control.policies import RetryPolicy
-from sloctl.models.retry import solve_network
+from sloctl.models.retry import offered_rho, scale_to_load, solve_network
 from sloctl.models.retry_network import NetworkSpec, network_from_mapping
 from sloctl.registry.store import load_policy, register_policy
 from sloctl.simulation.retry_sim import simulate_network
 
-__all__ = ["BudgetSearch", "load_retry_policy", "optimise_budgets", "register_retry_policy"]
+__all__ = ["BudgetSearch", "explain_no_retries", "load_retry_policy", "optimise_budgets", "register_retry_policy"]
 
 Objective = Literal["goodput", "targets"]
 
@@ -90,21 +90,33 @@ def _rank(search: BudgetSearch, goodput: float, amplification: float, shortfall:
     return (over_cap > 0, over_cap, -goodput, amplification, total_k)
 
 
-def optimise_budgets(spec: NetworkSpec, search: BudgetSearch | None = None, *,
+def optimise_budgets(spec: NetworkSpec, search: BudgetSearch | None = None, *, load: float | None = None,
                      on_progress: Callable[[int, int], None] | None = None) -> RetryPolicy:
     """Search retry budgets for ``spec`` with the analysis.
+
+    Budgets are chosen for one load: at a light load no retry is ever needed
+    and the search returns k = 0, which would leave the classes unprotected
+    when overload comes. ``load`` scales every class's external arrivals by
+    one factor until the bottleneck's offered load is that ρ
+    (:func:`~sloctl.models.retry.scale_to_load`); the policy's network holds
+    the scaled arrivals and ``search`` records ``offered_rho`` and ``load_scale``.
 
     Args:
         spec: the network (its retry limits are the starting point only).
         search: objective and bounds (default: maximise weighted goodput).
+        load: the bottleneck offered load to optimise at (None: the network's own arrivals).
         on_progress: called with (evaluated, total) during the uniform grid.
 
     Returns:
         The best :class:`RetryPolicy` found (``feasible`` False when no budget
-        met the targets and the amplification cap).
+        met the targets and the amplification cap); its ``explanation`` says
+        why each class left without retries got none (:func:`explain_no_retries`).
     """
     search = search or BudgetSearch()
     search.validate(spec)
+    rho_file = offered_rho(spec)
+    if load is not None:
+        spec = scale_to_load(spec, load)
     classes = spec.classes
     grid = list(itertools.product(range(search.max_retries + 1), repeat=len(classes)))
     best_key, best_spec, best_eval = None, spec, None
@@ -140,14 +152,62 @@ def optimise_budgets(spec: NetworkSpec, search: BudgetSearch | None = None, *,
         search.objective != "targets" or shortfall <= 1e-12)
     retries = {c: dict(best_spec.retries[c]) for c in classes}
     network = best_spec.to_mapping()
+    rho = offered_rho(best_spec)
     return RetryPolicy(retries=retries, feasible=feasible, score=goodput,
                        amplification=amplification, predicted=table,
                        search={"objective": search.objective, "targets": dict(search.targets),
                                "max_amplification": None if math.isinf(search.max_amplification)
                                else search.max_amplification,
-                               "max_retries": search.max_retries, "per_hop": search.per_hop, "model": search.model},
+                               "max_retries": search.max_retries, "per_hop": search.per_hop, "model": search.model,
+                               "offered_rho": rho, "load_scale": rho / rho_file if rho_file > 0 else 1.0},
                        network=network, evaluated=evaluated,
-                       provenance={"data_hash": policy_hash({"network": network, "retries": retries})})
+                       provenance={"data_hash": policy_hash({"network": network, "retries": retries})},
+                       explanation=explain_no_retries(best_spec, search, best_eval))
+
+
+def explain_no_retries(spec: NetworkSpec, search: BudgetSearch,
+                       chosen: tuple[float, float, float, dict[str, dict[str, float]]] | None = None
+                       ) -> dict[str, str]:
+    """Why each class of ``spec`` with k = 0 at every hop got no retries: ``{class: reason}``.
+
+    The reason compares the chosen budgets with the same budgets plus one
+    retry per hop for that class alone, under the analysis: the retry breaks
+    the amplification cap, or pushes a class past its target, or costs the
+    other classes more weighted goodput than it wins (at overload a retry adds
+    attempts at a full service, and those crowd out the other classes), or wins
+    nothing because at this load the class is (almost) never rejected — then
+    ties go to fewer retries, and budgets for overload need ``load``.
+    """
+    chosen = chosen or _evaluate(spec, search)
+    goodput, _, shortfall, table = chosen
+    rho = offered_rho(spec)
+    out: dict[str, str] = {}
+    for klass in spec.classes:
+        if any(spec.retries[klass].values()):
+            continue
+        g1, amp1, short1, table1 = _evaluate(spec.with_retries({klass: 1}), search)
+        own0, own1 = table[klass]["end_to_end_rejection"], table1[klass]["end_to_end_rejection"]
+        tol = 1e-9 * max(1.0, abs(goodput))
+        if amp1 > search.max_amplification + 1e-12:
+            out[klass] = (f"at load ρ = {rho:.2f}, one retry per hop would raise amplification to {amp1:.2f} "
+                          f"attempts per call, above the cap {search.max_amplification:g}")
+        elif search.objective == "targets" and short1 > max(shortfall, 0.0) + 1e-12:
+            worst = max(search.targets, key=lambda c: table1[c]["end_to_end_rejection"] - search.targets[c])
+            out[klass] = (f"at load ρ = {rho:.2f}, one retry per hop would push class {worst!r} to rejection "
+                          f"{table1[worst]['end_to_end_rejection']:.3f}, above its target {search.targets[worst]:g}")
+        elif g1 < goodput - tol:
+            lost = sum(spec.class_weight(c) * (table[c]["success_per_s"] - table1[c]["success_per_s"])
+                       for c in spec.classes if c != klass)
+            won = spec.class_weight(klass) * (table1[klass]["success_per_s"] - table[klass]["success_per_s"])
+            out[klass] = (f"at load ρ = {rho:.2f}, one retry per hop would lower the rejection of {klass!r} from "
+                          f"{own0:.3f} to {own1:.3f} (+{won:.2f} weighted successes/s) but adds attempts at full "
+                          f"services that reject the other classes' calls (−{lost:.2f}/s): weighted goodput "
+                          f"{goodput:.2f} → {g1:.2f}/s")
+        else:
+            out[klass] = (f"at load ρ = {rho:.2f}, class {klass!r} is rejected {own0:.1e} of the time without "
+                          f"retries: a retry wins nothing (weighted goodput {g1 - goodput:+.2g}/s) and ties go "
+                          f"to fewer retries; optimise at the load the budgets must hold (--rho)")
+    return out
 
 
 def confirm_by_simulation(policy: RetryPolicy, *, seed: int = 0, duration_s: float = 600.0) -> RetryPolicy:
