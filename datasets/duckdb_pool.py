@@ -255,7 +255,18 @@ class DuckDBClusterPool:
                     f"Cluster {cluster_id!r} is {cluster.state}; queries need a ready cluster.")
             cluster.running.add(request.query_id)
         self._send(cluster, {"op": "run", "query_id": request.query_id, "sql": request.sql,
-                             "timeout_s": request.timeout_s})
+                             "timeout_s": request.timeout_s, **({"fetch": True} if request.fetch else {})})
+
+    def cancel(self, cluster_id: str, query_id: int) -> None:
+        """Interrupt ``query_id`` on ``cluster_id``; it completes as ``error`` (``pool.CANCELLED``).
+
+        A query that already finished (or never ran there) is left alone.
+        """
+        with self._cond:
+            cluster = self._get(cluster_id)
+            if query_id not in cluster.running or cluster.state != "ready":
+                return
+        self._send(cluster, {"op": "cancel", "query_id": query_id})
 
     def completions(self, timeout_s: float | None = None) -> list[QueryCompletion]:
         """Completions since the last call, waiting up to ``timeout_s`` for the first."""
@@ -359,7 +370,10 @@ class DuckDBClusterPool:
                         start_s=message["start_s"], end_s=message["end_s"],
                         status=message["status"], error=message["error"],
                         rows=message["rows"], oversubscribed=cluster.oversubscribed,
-                        cpu_budget=cluster.cpu_budget))
+                        cpu_budget=cluster.cpu_budget,
+                        columns=(tuple((str(n), str(t)) for n, t in message["columns"])
+                                 if "columns" in message else None),
+                        data=message.get("data")))
                 elif kind == "ready":
                     cluster.state, cluster.ready_s = "ready", message["t"]
                 elif kind == "failed":

@@ -14,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-__all__ = ["ClusterInfo", "ClusterPool", "QueryCompletion", "QueryRequest", "QueryStatus"]
+__all__ = ["CANCELLED", "ClusterInfo", "ClusterPool", "QueryCompletion", "QueryRequest", "QueryStatus"]
 
 QueryStatus = Literal["ok", "timeout", "error"]
+
+#: The error of a query stopped by :meth:`ClusterPool.cancel`.
+CANCELLED = "cancelled by the client"
 
 
 @dataclass(frozen=True)
@@ -27,11 +30,14 @@ class QueryRequest:
         query_id: the caller's id, echoed in the completion.
         sql: the query text.
         timeout_s: interrupt the query after this long (``None``: never).
+        fetch: send the result back (``QueryCompletion.columns`` and
+            ``data``), not only its row count (the SLO gateway's clients need it).
     """
 
     query_id: int
     sql: str
     timeout_s: float | None = None
+    fetch: bool = False
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,12 @@ class QueryCompletion:
     A ``timeout`` completion is censored: ``end_s - start_s`` is the time to
     failure, a lower bound on the query's latency. ``cpu_budget`` is the CPU
     the cluster was allowed, in cores (NaN when the pool does not say).
+    ``columns`` (``(name, type)`` pairs, the engine's type names) and ``data``
+    (rows of JSON values: decimals, dates and times as strings, NaN and
+    infinities as ``"NaN"``/``"Infinity"``/``"-Infinity"``) are the result when
+    the request asked to ``fetch`` it and the query was ok; else ``None``.
+    A query cancelled by :meth:`ClusterPool.cancel` ends as ``error`` with
+    the error :data:`CANCELLED`.
     """
 
     query_id: int
@@ -52,6 +64,8 @@ class QueryCompletion:
     rows: int = 0
     oversubscribed: bool = False
     cpu_budget: float = float("nan")
+    columns: tuple[tuple[str, str], ...] | None = None
+    data: list[list] | None = None
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,9 @@ class ClusterPool(Protocol):
 
     def tear_down(self, cluster_id: str) -> None:
         """Stop a cluster; queries still running on it end as ``error``."""
+
+    def cancel(self, cluster_id: str, query_id: int) -> None:
+        """Interrupt a running query; it completes as ``error`` (:data:`CANCELLED`)."""
 
     def clusters(self) -> list[ClusterInfo]:
         """Every cluster the pool has started, with its state."""

@@ -1,0 +1,793 @@
+"""The SLO gateway: SQL clients connect to sloctl, which admits, routes, retries and learns from every query.
+
+:class:`Gateway` sits in front of DuckDB clusters (a
+:class:`~sloctl.datasets.duckdb_pool.DuckDBClusterPool`) and serves the Trino
+client protocol (:func:`sloctl.serving._gateway_app.create_gateway_app`;
+``sloctl gateway``). Each query goes through:
+
+1. **Classification.** Its class comes from the client tags
+   (``X-Trino-Client-Tags``; the first tag the policy names), else from
+   ``X-Trino-Source``, else the policy's default class. Its SLO from the
+   session property ``slo_s`` (or the header ``X-Sloctl-Slo-S``), else its
+   template's row in the SLO table, else its class's ``slo_s``. Its template
+   is the router table's template whose SQL hash matches the text (the
+   session property ``template`` names one explicitly); other texts are
+   ``sql-<hash>``.
+2. **Admission** (:meth:`Gateway.submit`). The router's predictor is asked
+   what the query's latency would be on each ready cluster. When none is
+   predicted to meet the SLO (within the router's margin), a class with
+   ``defer`` waits in its bounded queue (released by priority and share
+   when a completion or a new cluster makes a cluster meet it; shed with
+   ``EXCEEDED_TIME_LIMIT`` after ``max_defer_s``, or at once with
+   ``QUERY_QUEUE_FULL`` when its queue is full); a class without ``defer`` is
+   placed anyway, and as every placement it is an arrival the autoscaler's
+   spin-up trigger judges.
+3. **Placement.** The one control step of :class:`~sloctl.control.managed.ManagedPool`
+   (autoscaler at the arrival, route, billing, completion), with the router
+   :func:`~sloctl.registry.routers.build_router` builds for the model in
+   force (or a baseline: ``random``, ``least-queued``).
+4. **Retries.** An attempt that times out or fails for a reason other than
+   the query itself (a cluster stopped under it, an engine fault) is
+   retried on another ready cluster, up to its class's ``k``; the SLO clock
+   runs from the client's submission through every attempt, and each
+   attempt is a row of the query log.
+5. **Learning.** Every attempt is appended to a query log in the schema of
+   :mod:`sloctl.datasets.querylog` (``log_dir``: one Parquet file per
+   gateway run, rewritten atomically): exact arrival, start and end on the
+   cluster (so concurrency is exact), ``timeout`` rows censored at the
+   timeout. ``sloctl train iconq --log LOG_DIR`` trains on it; with
+   ``model_uri`` the gateway follows the registry alias and hot-swaps the
+   model (:meth:`Gateway.refresh`, every ``watch_interval_s``).
+
+All times are seconds on the gateway's clock: ``time.monotonic()`` minus its
+start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sloctl.control.managed import ManagedPool, ScalingAction
+from sloctl.control.policies import AdmissionPolicy, RetryPolicy
+from sloctl.control.router import Query
+from sloctl.core.config import RouterSection
+from sloctl.core.errors import ClusterPoolError
+from sloctl.datasets.duckdb_pool import DuckDBClusterPool
+from sloctl.datasets.plan_features import PLAN_FEATURES, sql_hash
+from sloctl.datasets.pool import CANCELLED, QueryCompletion, QueryRequest
+from sloctl.registry.routers import build_router, router_templates
+from sloctl.serving._gateway_policy import GatewayPolicy
+from sloctl.serving._gateway_routers import GatewayRouter, LeastQueuedRouter, RandomRouter
+from sloctl.serving._gateway_trino import TrinoError, error
+from sloctl.serving.runtime import ModelSlot
+
+__all__ = ["ROUTERS", "Gateway", "GatewayOptions", "GatewayQuery"]
+
+#: Placement policies the gateway can run: sloctl's router and the two Trino Gateway baselines.
+ROUTERS = ("sloctl", "least-queued", "random")
+
+#: DuckDB errors that come from the query itself: retrying elsewhere cannot help.
+_USER_ERRORS = ("ParserException", "BinderException", "CatalogException", "ConversionException",
+                "InvalidInputException", "NotImplementedException", "OutOfRangeException", "SyntaxException",
+                "InvalidTypeException", "TypeMismatchException", "DependencyException", "PermissionException")
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    """How the gateway runs.
+
+    Attributes:
+        cluster_sizes: the DuckDB clusters to start (``c0``, ``c1``, ...).
+        router: ``sloctl`` (the model's router), ``least-queued`` or ``random``.
+        admission: defer and shed by predicted SLO misses (needs a latency model).
+        retries: retry failed and timed-out attempts on another cluster.
+        router_cfg: the ``router:`` settings (margin, cost tolerance, billing).
+        policy: the classes (:class:`~sloctl.serving._gateway_policy.GatewayPolicy`).
+        slo_table: SLO per template, seconds.
+        log_dir: folder of the query log (``None``: none written).
+        tracking_uri: MLflow store of the aliases below (``None``: no registry).
+        model_uri, fallback_uri: Iconq+ and Stage aliases, hot-swapped.
+        admission_uri, retry_uri: admission-policy and retry-policy aliases.
+        watch_interval_s: how often the aliases are polled (``None``: only on :meth:`Gateway.refresh`).
+        pool_options: CPU-budget options of the DuckDB pool (``WarehouseConfig.pool_options()``).
+        page_rows: rows per result page.
+        max_wait_s: how long a client's poll waits for news.
+        result_ttl_s: a finished query's result is dropped this long after it ended.
+        seed: the random router's seed.
+    """
+
+    cluster_sizes: tuple[int, ...] = (1, 1)
+    router: str = "sloctl"
+    admission: bool = True
+    retries: bool = True
+    router_cfg: RouterSection = field(default_factory=RouterSection)
+    policy: GatewayPolicy = field(default_factory=GatewayPolicy)
+    slo_table: Mapping[str, float] = field(default_factory=dict)
+    log_dir: str | Path | None = None
+    tracking_uri: str | None = None
+    model_uri: str | None = None
+    fallback_uri: str | None = None
+    admission_uri: str | None = None
+    retry_uri: str | None = None
+    watch_interval_s: float | None = None
+    pool_options: Mapping[str, Any] | None = None
+    page_rows: int = 1000
+    max_wait_s: float = 1.0
+    result_ttl_s: float = 300.0
+    seed: int = 0
+
+    def validate(self) -> None:
+        if self.router not in ROUTERS:
+            raise ValueError(f"The 'router' option of the gateway must be one of {', '.join(ROUTERS)}, "
+                             f"got {self.router!r}.")
+        if not self.cluster_sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                                         for s in self.cluster_sizes):
+            raise ValueError(f"The 'cluster_sizes' option of the gateway must list integers >= 1, "
+                             f"got {list(self.cluster_sizes)!r}.")
+        for name in ("page_rows",):
+            if getattr(self, name) < 1:
+                raise ValueError(f"The '{name}' option of the gateway must be >= 1, got {getattr(self, name)!r}.")
+        for name in ("max_wait_s", "result_ttl_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"The '{name}' option of the gateway must be > 0, got {getattr(self, name)!r}.")
+        bad = {t: s for t, s in self.slo_table.items() if not (isinstance(s, int | float) and s > 0)}
+        if bad:
+            template, slo = next(iter(bad.items()))
+            raise ValueError(f"The 'slo_table' option of the gateway must map templates to SLOs > 0 s, "
+                             f"got {slo!r} for {template!r}.")
+
+
+@dataclass(eq=False)
+class GatewayQuery:
+    """One client query and everything that happened to it.
+
+    ``outcome`` is ``admitted`` (placed at once), ``deferred`` (placed after
+    waiting in its class's queue) or ``shed``; ``None`` while it waits.
+    ``state`` is the Trino state: ``QUEUED``, ``RUNNING``, ``FINISHED`` or
+    ``FAILED``.
+    """
+
+    query_id: str
+    sql: str
+    template: str
+    sql_hash: str
+    klass: str
+    slo_s: float
+    submitted_s: float
+    user: str = ""
+    state: str = "QUEUED"
+    outcome: str | None = None
+    forced: bool = False  # placed although no cluster was predicted to meet its SLO
+    deferred_s: float = 0.0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    columns: list[tuple[str, str]] | None = None
+    data: list[list[Any]] | None = None
+    error: TrinoError | None = None
+    end_s: float | None = None
+    cancelled: bool = False
+    slug: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    done: threading.Event = field(default_factory=threading.Event)
+    changed: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def latency_s(self) -> float | None:
+        """From the client's submission to the end of its last attempt (``None`` until it ends)."""
+        return None if self.end_s is None else self.end_s - self.submitted_s
+
+    @property
+    def violated(self) -> bool | None:
+        """Finished past its SLO, or failed (shed queries count: they never met it); ``None`` while running."""
+        if not self.done.is_set():
+            return None
+        if self.state != "FINISHED":
+            return True
+        return bool(math.isfinite(self.slo_s) and self.latency_s > self.slo_s)
+
+    def summary(self) -> dict[str, Any]:
+        return {"query_id": self.query_id, "class": self.klass, "template": self.template, "slo_s": self.slo_s,
+                "state": self.state, "outcome": self.outcome, "forced": self.forced,
+                "deferred_s": self.deferred_s, "latency_s": self.latency_s, "violated": self.violated,
+                "attempts": [dict(a) for a in self.attempts],
+                "error": None if self.error is None else self.error.name}
+
+
+class _PoolBackend:
+    """Autoscaler spin-ups and teardowns as real DuckDB cluster processes (readiness polled)."""
+
+    def __init__(self, pool: DuckDBClusterPool, started: int) -> None:
+        self.pool = pool
+        self.started = started
+
+    def spin_up(self, size: int, now_s: float) -> tuple[str, None]:
+        cid = f"auto{self.started}-s{size}"
+        self.pool.spin_up(size, cluster_id=cid)
+        self.started += 1
+        return cid, None
+
+    def tear_down(self, cluster_id: str, now_s: float) -> None:
+        self.pool.tear_down(cluster_id)
+
+
+class Gateway:
+    """The gateway's state and its dispatcher (see the module docstring).
+
+    Args:
+        db_path: the DuckDB database every cluster opens read-only.
+        options: :class:`GatewayOptions`.
+        predictor: a latency model to route with when no registry alias is
+            followed (tests, experiments); ``model_uri`` replaces it once loaded.
+        templates: the template table (plan features); ``None``: the model bundle's.
+        autoscaler: an :class:`~sloctl.control.autoscaler.Autoscaler` run at
+            every placement (``None``: a fixed pool).
+    """
+
+    def __init__(self, db_path: str | Path, options: GatewayOptions | None = None, *, predictor: Any = None,
+                 templates: Any = None, autoscaler: Any = None) -> None:
+        self.db_path = Path(db_path)
+        self.options = options or GatewayOptions()
+        self.predictor = predictor
+        self.templates = templates
+        self.autoscaler = autoscaler
+        self.started = False
+
+    # -- life cycle ------------------------------------------------------------------
+    def start(self) -> Gateway:
+        """Start the clusters, wait until they are ready, load the models, start the dispatcher."""
+        opts = self.options
+        opts.validate()
+        if not self.db_path.is_file():
+            raise ValueError(f"The gateway's database {self.db_path} does not exist.")
+        self.lock = threading.RLock()
+        self.policy_base = opts.policy
+        self.policy = opts.policy
+        self.queries: dict[str, GatewayQuery] = {}
+        self.attempts: dict[int, tuple[GatewayQuery, str]] = {}  # attempt id -> (query, cluster)
+        self.deferred: dict[str, deque[GatewayQuery]] = {name: deque() for name in opts.policy.classes}
+        self.released: dict[str, int] = dict.fromkeys(opts.policy.classes, 0)
+        self.counts = {"submitted": 0, "admitted": 0, "deferred": 0, "shed": 0, "forced": 0, "retries": 0,
+                       "cancelled": 0, "finished": 0, "failed": 0}
+        self.log_rows: list[dict[str, Any]] = []
+        self._attempt_ids = itertools.count(1)
+        self._query_ids = itertools.count(1)
+        self._stamp = time.strftime("%Y%m%d_%H%M%S", time.gmtime())
+        self._log_path = (Path(opts.log_dir) / f"gateway-{self._stamp}-{uuid.uuid4().hex[:6]}.parquet"
+                          if opts.log_dir is not None else None)
+        self._log_dirty = False
+        self._features: dict[str, dict[str, float]] = {}
+        self._log_lock = threading.Lock()  # one writer of the log file at a time, outside the gateway's lock
+        self._stop = threading.Event()
+        self.pool = DuckDBClusterPool(self.db_path, **dict(opts.pool_options or {}))
+        try:
+            ids = [f"c{i}" for i in range(len(opts.cluster_sizes))]
+            for cid, size in zip(ids, opts.cluster_sizes, strict=True):
+                self.pool.spin_up(size, cluster_id=cid)
+            for cid in ids:
+                self.pool.wait_ready(cid, timeout_s=120.0)
+        except BaseException:
+            self.pool.close()
+            raise
+        self.base = time.monotonic()
+        self.load_based = LeastQueuedRouter(self.running_on)
+        self.managed = ManagedPool(None, autoscaler=self.autoscaler, price_per_unit_s=opts.router_cfg.price_per_unit_s,
+                                   minimum_s=opts.router_cfg.minimum_s, backend=_PoolBackend(self.pool, len(ids)),
+                                   clamp_late_events=True)
+        for cid, size in zip(ids, opts.cluster_sizes, strict=True):
+            self.managed.add_cluster(cid, size)
+        self.router = GatewayRouter(None, None, self.load_based)
+        self.managed.router = self.router
+        self.slots: dict[str, ModelSlot] = {}
+        if opts.tracking_uri is not None:
+            for name, uri, kind in (("iconq", opts.model_uri, "latency"), ("stage", opts.fallback_uri, "latency"),
+                                    ("admission", opts.admission_uri, AdmissionPolicy.kind),
+                                    ("retry", opts.retry_uri, RetryPolicy.kind)):
+                if uri:
+                    self.slots[name] = ModelSlot(uri, opts.tracking_uri, kind)
+        self.built = None
+        self.model_source = None
+        self._template_of("", None)  # load the TPC-H names once, not on a client's first query
+        self.swaps = 0
+        self.refresh(force=True)
+        self.started = True
+        self._threads = [threading.Thread(target=self._dispatch, daemon=True, name="sloctl-gateway-dispatch")]
+        if self._log_path is not None:
+            import pandas  # noqa: F401  (the first flush must not pay the import)
+            import pyarrow.parquet  # noqa: F401
+
+            self._threads.append(threading.Thread(target=self._flusher, daemon=True, name="sloctl-gateway-log"))
+        if opts.watch_interval_s is not None and self.slots:
+            self._threads.append(threading.Thread(target=self._watch, daemon=True, name="sloctl-gateway-watch"))
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the dispatcher, fail what still runs, write the log, stop the clusters."""
+        if not self.started:
+            return
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=10)
+        with self.lock:
+            now = self.now_s()
+            for klass in self.deferred:
+                while self.deferred[klass]:
+                    self._finish(self.deferred[klass].popleft(), now, error(
+                        "NO_NODES_AVAILABLE", "The sloctl gateway shut down while the query waited."), "shed")
+        self.pool.close()
+        with self.lock:
+            for attempt_id, (_, cid) in list(self.attempts.items()):
+                self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, time.monotonic(), time.monotonic(),
+                                                                "error", "gateway shut down"), retry=False)
+            self.flush_log()
+        self.started = False
+
+    def __enter__(self) -> Gateway:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def now_s(self) -> float:
+        return time.monotonic() - self.base
+
+    # -- models ------------------------------------------------------------------------
+    def refresh(self, *, force: bool = False) -> dict[str, bool]:
+        """Poll the aliases; rebuild the router on a new latency model, re-read the class policy.
+
+        Running attempts move over to the new model (re-committed at their
+        arrival), as in the runtime. Never raises for a bad version: the last
+        good one stays (``slots[...].error`` says why).
+        """
+        swapped = {name: slot.refresh() for name, slot in self.slots.items()}
+        with self.lock:
+            if force or swapped.get("iconq") or swapped.get("stage"):
+                self._build_router()
+            if force or swapped.get("admission") or swapped.get("retry"):
+                policy = self.policy_base
+                for name in ("admission", "retry"):
+                    slot = self.slots.get(name)
+                    if slot is not None and slot.value is not None:
+                        source = f"{slot.uri} v{slot.version}"
+                        policy = (policy.with_admission(slot.value, source) if name == "admission"
+                                  else policy.with_retries(slot.value, source))
+                self.policy = policy
+        return swapped
+
+    def _latency_model(self) -> tuple[Any, str]:
+        for name in ("iconq", "stage"):
+            slot = self.slots.get(name)
+            if slot is not None and slot.value is not None and router_templates(slot.value, self.templates) is not None:
+                return slot.value, f"{name}:{slot.uri} v{slot.version}"
+        if self.predictor is not None:
+            return self.predictor, "given"
+        return None, None
+
+    def _build_router(self) -> None:
+        opts = self.options
+        if opts.router == "random":
+            inner, known, self.built = RandomRouter(opts.seed), None, None
+        elif opts.router == "least-queued":
+            inner, known, self.built = self.load_based, None, None
+        else:
+            predictor, source = self._latency_model()
+            use_iconq = predictor is not None and getattr(predictor, "net", None) is not None
+            built = build_router(predictor, opts.router_cfg, templates=self.templates, use_iconq=use_iconq)
+            self.built, self.model_source = built, source
+            inner = built.router
+            names = set(built.templates["template"]) if built.templates is not None else None
+            known = None if names is None else names.__contains__
+        committed: set[int] = set()
+        online = None if self.built is None else self.built.online
+        if online is not None:  # running attempts move over to the new model
+            now = self.now_s()
+            for r in sorted(self.managed.running.values(), key=lambda r: r.query.arrival_s):
+                if known is None or known(r.query.template):
+                    c = self.managed.clusters[r.cluster_id]
+                    r.predicted_s = online.commit(r.query.query_id, r.query.template, r.query.arrival_s,
+                                                  r.query.slo_s, r.cluster_id, c.size, now)
+                    committed.add(r.query.query_id)
+        self.router.swap(inner, known, committed)
+        if self.autoscaler is not None:
+            self.autoscaler.router = inner
+        self.swaps += 1
+
+    def router_kind(self) -> str:
+        """``iconq``, ``stage``, ``round-robin`` (no model yet), ``least-queued`` or ``random``."""
+        return self.built.kind if self.built is not None else self.options.router
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.options.watch_interval_s):
+            with contextlib.suppress(Exception):  # the watcher must not die; the slots record errors
+                self.refresh()
+
+    # -- classification ----------------------------------------------------------------
+    def _template_of(self, sql: str, named: str | None) -> tuple[str, str]:
+        digest = sql_hash(sql)
+        if named:
+            return named, digest
+        table = self.built.templates if self.built is not None else self.templates
+        if table is not None:
+            match = table.loc[table["sql_hash"] == digest, "template"]
+            if len(match):
+                return str(match.iloc[0]), digest
+        by_hash = getattr(self, "_known_hashes", None)
+        if by_hash is None:
+            from sloctl.datasets.tpc import load_templates
+
+            try:
+                by_hash = {sql_hash(t.sql): t.name for t in load_templates("tpch")}
+            except Exception:  # no tpch extension: names from the router's table only
+                by_hash = {}
+            self._known_hashes = by_hash
+        return by_hash.get(digest, f"sql-{digest[:12]}"), digest
+
+    def classify(self, tags: list[str], source: str | None) -> str:
+        """The first client tag the policy names, else the source if it names a class, else the default."""
+        for tag in tags:
+            if tag in self.policy.classes:
+                return tag
+        if source and source in self.policy.classes:
+            return source
+        return self.policy.default_class
+
+    # -- the entry point -------------------------------------------------------------
+    def submit(self, sql: str, *, user: str = "", tags: list[str] | None = None, source: str | None = None,
+               session: Mapping[str, str] | None = None, slo_s: float | None = None) -> GatewayQuery:
+        """Admit (place, defer or shed) one client query; returns at once.
+
+        Raises:
+            ValueError: a bad session property (``slo_s`` not a number > 0).
+        """
+        session = dict(session or {})
+        if slo_s is None and "slo_s" in session:
+            try:
+                slo_s = float(session["slo_s"])
+            except ValueError:
+                raise ValueError(f"The session property 'slo_s' must be a number of seconds > 0, "
+                                 f"got {session['slo_s']!r}.") from None
+        if slo_s is not None and not (math.isfinite(slo_s) and slo_s > 0):
+            raise ValueError(f"The SLO (session property 'slo_s' or X-Sloctl-Slo-S) must be a number of seconds "
+                             f"> 0, got {slo_s!r}.")
+        with self.lock:
+            now = self.now_s()
+            klass = self.classify(tags or [], session.get("query_class", source))
+            template, digest = self._template_of(sql, session.get("template"))
+            if slo_s is None:
+                slo_s = self.options.slo_table.get(template, self.policy.klass(klass).slo_s)
+            qid = f"{self._stamp}_{next(self._query_ids):05d}_sloctl"
+            q = GatewayQuery(qid, sql, template, digest, klass, float("nan") if slo_s is None else float(slo_s),
+                             now, user=user)
+            self.queries[qid] = q
+            self.counts["submitted"] += 1
+            self._admit(q, now)
+            return q
+
+    def _admit(self, q: GatewayQuery, now: float) -> None:
+        cls = self.policy.klass(q.klass)
+        if not self.options.admission or self._meets(q, now):
+            q.outcome = "admitted"
+            self.counts["admitted"] += 1
+            self._place(q, now)
+            return
+        if not cls.defer:
+            q.outcome, q.forced = "admitted", True
+            self.counts["admitted"] += 1
+            self.counts["forced"] += 1
+            self._place(q, now)
+            return
+        if len(self.deferred[q.klass]) >= cls.queue_limit:
+            self._finish(q, now, error("QUERY_QUEUE_FULL", (
+                f"Query shed by the sloctl gateway: no cluster is predicted to meet its SLO of {q.slo_s:.3g} s and "
+                f"the queue of class {q.klass!r} is full ({cls.queue_limit} waiting).")), "shed")
+            return
+        self.deferred[q.klass].append(q)
+
+    def _meets(self, q: GatewayQuery, now: float) -> bool:
+        """Whether some ready cluster is predicted to finish ``q`` within what is left of its SLO.
+
+        Without a latency model, an SLO or a known template, there is no
+        prediction to act on: the query is admitted.
+        """
+        built = self.built
+        if built is None or built.online is None or not math.isfinite(q.slo_s) or (
+                self.router.known is not None and not self.router.known(q.template)):
+            return True
+        clusters = {c.cluster_id: c.size for c in self.managed.routable(now)}
+        if not clusters:
+            return False
+        left = q.slo_s - (now - q.submitted_s)
+        if built.kind == "iconq":
+            options = built.online.counterfactuals(q.template, now, clusters, now)
+            best = min(float(cf.query_s) for cf in options.values())
+            return best <= (1.0 - (built.slo_margin or 0.0)) * left
+        best = min(float(built.online.isolated_s(q.template, size)) for size in clusters.values())
+        return best <= left
+
+    def _router_slo(self, q: GatewayQuery, now: float) -> float:
+        if not math.isfinite(q.slo_s):
+            return 1e6  # no SLO: routers place it by cost and added latency alone
+        return max(q.slo_s - (now - q.submitted_s), 1e-3)
+
+    def _place(self, q: GatewayQuery, now: float, exclude: frozenset[str] = frozenset()) -> None:
+        """Run the control step for one attempt of ``q`` and hand it to the chosen cluster."""
+        self._refresh_ready(now)
+        if not self.managed.routable(now):
+            self._finish(q, now, error("NO_NODES_AVAILABLE", "The sloctl gateway has no ready cluster."), "failed")
+            return
+        attempt_id = next(self._attempt_ids)
+        query = Query(attempt_id, q.template, now, self._router_slo(q, now))
+        self.router.exclude = exclude
+        try:
+            if self.managed.autoscaler is not None:
+                self.managed.scale(query, now)
+            decision = self.managed.route(query, now)
+        finally:
+            self.router.exclude = frozenset()
+        cid = decision.cluster_id
+        timeout = self.policy.timeout_s(q.klass)
+        q.attempts.append({"attempt": len(q.attempts) + 1, "attempt_id": attempt_id, "cluster_id": cid,
+                           "arrival_s": now, "predicted_s": None if not math.isfinite(decision.predicted_s)
+                           else float(decision.predicted_s), "status": "running", "fallback": decision.fallback})
+        self.attempts[attempt_id] = (q, cid)
+        q.state = "RUNNING"
+        q.changed.set()
+        try:
+            self.pool.submit(cid, QueryRequest(attempt_id, q.sql, timeout_s=timeout, fetch=True))
+        except ClusterPoolError as exc:  # the cluster went away between the decision and the hand-over
+            t = time.monotonic()
+            self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, t, t, "error", f"cluster gone: {exc}"))
+
+    # -- completions -------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        while not self._stop.is_set():
+            try:
+                done = self.pool.completions(timeout_s=0.05)
+            except Exception:
+                done = []
+            with self.lock:
+                for completion in sorted(done, key=lambda c: c.end_s):
+                    if completion.query_id in self.attempts:
+                        self._attempt_ended(completion.query_id, completion)
+                now = self.now_s()
+                self._check_clusters(now)
+                self._release(now)
+                self._expire(now)
+
+    def _flusher(self) -> None:
+        while not self._stop.wait(1.0):
+            if self._log_dirty:
+                with contextlib.suppress(Exception):  # a failed write is retried at the next tick and at close
+                    self.flush_log()
+
+    def _refresh_ready(self, now: float) -> None:
+        starting = self.managed.starting()
+        if starting:
+            for info in self.pool.clusters():
+                if info.cluster_id in starting and info.state == "ready":
+                    self.managed.mark_ready(info.cluster_id, now)
+
+    def _check_clusters(self, now: float) -> None:
+        """A cluster that stopped with attempts on it: fail them (they are retried) and take it out of the pool."""
+        self._refresh_ready(now)
+        states = {info.cluster_id: info.state for info in self.pool.clusters()}
+        for cid, cluster in self.managed.clusters.items():
+            if cluster.torn_down or states.get(cid) not in ("stopped", "failed"):
+                continue
+            t = time.monotonic()
+            for attempt_id, (_, on) in list(self.attempts.items()):
+                if on == cid:
+                    self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, t, t, "error",
+                                                                    f"cluster {cid} stopped while the query ran"))
+            self.managed.apply([ScalingAction("tear_down", cluster_id=cid)], now)
+
+    def _attempt_ended(self, attempt_id: int, done: QueryCompletion, *, retry: bool = True) -> None:
+        q, cid = self.attempts.pop(attempt_id)
+        end = done.end_s - self.base
+        record = self.managed.complete(attempt_id, end)
+        attempt = q.attempts[-1]
+        attempt.update(status=done.status, error=done.error or None, start_s=done.start_s - self.base, end_s=end)
+        self._log_attempt(q, record, done)
+        now = self.now_s()
+        if q.done.is_set():  # cancelled, or shut down, while it ran
+            return
+        if done.status == "ok":
+            q.columns = list(done.columns or ())
+            q.data = list(done.data or [])
+            self._finish(q, end, None, q.outcome)
+            return
+        user_error = done.status == "error" and done.error.split(":", 1)[0] in _USER_ERRORS
+        if user_error:
+            self._finish(q, end, error("SYNTAX_ERROR", done.error), q.outcome)
+            return
+        k = self.policy.klass(q.klass).retries if self.options.retries else 0
+        if retry and len(q.attempts) <= k:
+            self.counts["retries"] += 1
+            self._place(q, now, exclude=frozenset({cid}))
+            return
+        if done.status == "timeout":
+            err = error("EXCEEDED_TIME_LIMIT", (
+                f"Query exceeded the attempt timeout of {self.policy.timeout_s(q.klass):g} s on cluster {cid} "
+                f"after {len(q.attempts)} attempt(s) (class {q.klass!r} retries at most {k} time(s))."))
+        else:
+            err = error("REMOTE_HOST_GONE" if "stopped" in done.error or "gone" in done.error
+                        or "torn down" in done.error else "GENERIC_INTERNAL_ERROR",
+                        f"Query failed on cluster {cid} after {len(q.attempts)} attempt(s) (class {q.klass!r} "
+                        f"retries at most {k} time(s)): {done.error}")
+        self._finish(q, end, err, q.outcome)
+
+    def _finish(self, q: GatewayQuery, end_s: float, err: TrinoError | None, outcome: str | None) -> None:
+        q.end_s = end_s
+        q.error = err
+        q.outcome = outcome
+        q.state = "FINISHED" if err is None else "FAILED"
+        if outcome == "shed":
+            self.counts["shed"] += 1
+        self.counts["finished" if err is None else "failed"] += 1
+        q.done.set()
+        q.changed.set()
+
+    def _release(self, now: float) -> None:
+        """Deferred queries: shed the expired, place those a cluster is now predicted to meet.
+
+        Classes are tried by priority, then by fewest releases per unit of
+        share; within a class in arrival order.
+        """
+        for klass, waiting in self.deferred.items():
+            cls = self.policy.klass(klass)
+            while waiting and now - waiting[0].submitted_s > cls.max_defer_s:
+                q = waiting.popleft()
+                q.deferred_s = now - q.submitted_s
+                self._finish(q, now, error("EXCEEDED_TIME_LIMIT", (
+                    f"Query shed by the sloctl gateway: it waited {q.deferred_s:.2f} s (class {klass!r} waits at "
+                    f"most {cls.max_defer_s:g} s) and no cluster was predicted to meet its SLO of "
+                    f"{q.slo_s:.3g} s.")), "shed")
+        placed = True
+        while placed:
+            placed = False
+            order = sorted((k for k, w in self.deferred.items() if w),
+                           key=lambda k: (-self.policy.klass(k).priority,
+                                          self.released[k] / self.policy.klass(k).share))
+            for klass in order:
+                q = self.deferred[klass][0]
+                if self._meets(q, now):
+                    self.deferred[klass].popleft()
+                    q.outcome, q.deferred_s = "deferred", now - q.submitted_s
+                    self.released[klass] += 1
+                    self.counts["deferred"] += 1
+                    self._place(q, now)
+                    placed = True
+                    break
+
+    def _expire(self, now: float) -> None:
+        ttl = self.options.result_ttl_s
+        for qid in [qid for qid, q in self.queries.items() if q.end_s is not None and now - q.end_s > ttl]:
+            del self.queries[qid]
+
+    # -- client actions ----------------------------------------------------------------
+    def get(self, query_id: str) -> GatewayQuery | None:
+        with self.lock:
+            return self.queries.get(query_id)
+
+    def cancel(self, query_id: str) -> bool:
+        """Cancel a query (``DELETE`` on its ``nextUri``): leave its queue, or interrupt its attempt."""
+        with self.lock:
+            q = self.queries.get(query_id)
+            if q is None or q.done.is_set():
+                return q is not None
+            q.cancelled = True
+            self.counts["cancelled"] += 1
+            for waiting in self.deferred.values():
+                if q in waiting:
+                    waiting.remove(q)
+            running = [(aid, cid) for aid, (other, cid) in self.attempts.items() if other is q]
+            self._finish(q, self.now_s(), error("USER_CANCELED", "Query was canceled by the client."),
+                         q.outcome or "cancelled")
+        for attempt_id, cid in running:
+            with contextlib.suppress(ClusterPoolError):
+                self.pool.cancel(cid, attempt_id)
+        return True
+
+    def running_on(self, cluster_id: str) -> int:
+        return self.managed.clusters[cluster_id].running if cluster_id in self.managed.clusters else 0
+
+    # -- the query log -----------------------------------------------------------------
+    def _plan_features(self, rows: list[dict[str, Any]]) -> None:
+        """Fill in the plan features of logged attempts that lack them (router table, else EXPLAIN, once per text)."""
+        missing = [row for row in rows if "_sql" in row and not all(name in row for name in PLAN_FEATURES)]
+        if not missing:
+            return
+        table = self.built.templates if self.built is not None else self.templates
+        con = None
+        try:
+            for row in missing:
+                sql = row["_sql"]
+                features = self._features.get(row["sql_hash"])
+                if features is None and table is not None:
+                    match = table.loc[table["template"] == row["template"]]
+                    if len(match):
+                        features = {name: float(match[name].iloc[0]) for name in PLAN_FEATURES}
+                if features is None:
+                    if con is None:
+                        import duckdb
+
+                        from sloctl.datasets.plan_features import PlanFeaturizer
+
+                        con = duckdb.connect(str(self.db_path), read_only=True)
+                        featurize = PlanFeaturizer(con)
+                    features = featurize(sql)
+                self._features[row["sql_hash"]] = features
+                row.update(features)
+        finally:
+            if con is not None:
+                con.close()
+
+    def _log_attempt(self, q: GatewayQuery, record: Any, done: QueryCompletion) -> None:
+        cluster = self.managed.clusters[record.cluster_id]
+        arrival = record.query.arrival_s
+        end = done.end_s - self.base
+        start = min(max(done.start_s - self.base, arrival), end)
+        attempt = q.attempts[-1]
+        self.log_rows.append({
+            "query_id": record.query.query_id, "template": q.template, "sql_hash": q.sql_hash,
+            "cluster_id": record.cluster_id, "cluster_size": cluster.size, "arrival_s": arrival,
+            "start_s": start, "end_s": end, "latency_s": end - arrival, "status": done.status,
+            "slo_s": q.slo_s if math.isfinite(q.slo_s) else float("nan"),
+            "oversubscribed": bool(done.oversubscribed), "_sql": q.sql,
+            "gateway_query": q.query_id, "query_class": q.klass, "attempt": int(attempt["attempt"]),
+            "error": done.error or "", "cancelled": done.error == CANCELLED})
+        self._log_dirty = True
+
+    def query_log(self) -> Any:
+        """The attempts so far as a validated query log (a DataFrame)."""
+        import pandas as pd
+
+        from sloctl.datasets.querylog import COLUMNS, validate_log
+
+        with self.lock:
+            rows = [dict(row) for row in self.log_rows]
+        with self._log_lock:
+            self._plan_features(rows)
+        rows = [{k: v for k, v in row.items() if k != "_sql"} for row in rows]
+        frame = pd.DataFrame(rows, columns=None if rows else list(COLUMNS))
+        return validate_log(frame, source="gateway query log")
+
+    def flush_log(self) -> Path | None:
+        """Rewrite this run's log file (atomically); ``None`` without ``log_dir`` or rows."""
+        from sloctl.datasets.querylog import write_log
+
+        if self._log_path is None or not self.log_rows:
+            return None
+        self._log_dirty = False
+        frame = self.query_log()
+        with self._log_lock:
+            return write_log(frame, self._log_path, metadata={"source": "sloctl gateway", "workload": "gateway",
+                                                              "router": self.router_kind()})
+
+    # -- views ------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        """What ``GET /v1/gateway`` answers: clusters, router, policy, counts, waiting queries."""
+        with self.lock:
+            now = self.now_s()
+            slots = {name: slot.status() for name, slot in self.slots.items()}
+            return {
+                "router": self.router_kind(), "model": self.model_source, "swaps": self.swaps,
+                "slo_margin": None if self.built is None else self.built.slo_margin,
+                "admission": self.options.admission, "retries": self.options.retries,
+                "policy": self.policy.to_doc(), "slots": slots, "counts": dict(self.counts),
+                "waiting": {k: len(v) for k, v in self.deferred.items()},
+                "clusters": [{"cluster_id": cid, "size": c.size, "running": c.running,
+                              "ready": c.is_ready(now) and not c.torn_down, "torn_down": c.torn_down,
+                              "cost": self.managed.cost(cid, now)} for cid, c in self.managed.clusters.items()],
+                "total_cost": self.managed.total_cost(now), "log": None if self._log_path is None
+                else str(self._log_path), "logged_attempts": len(self.log_rows),
+                "events": list(self.managed.events)[-50:]}
