@@ -13,14 +13,21 @@ from sloctl.core.errors import QueryLogError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["SEVERAL_LOGS_HELP", "ConfigOption", "bind_port", "cli_router", "describe_logs", "echo", "load_cli_config",
-           "load_cli_model", "log_files", "package_version", "parse_sizes", "read_logs", "read_logs_with_metadata"]
+__all__ = ["SEVERAL_LOGS_HELP", "ConfigOption", "ForceOption", "bind_port", "check_out", "cli_router",
+           "describe_logs", "echo", "keep_mode", "load_cli_config", "load_cli_model", "log_files", "package_version",
+           "parse_sizes", "read_logs", "read_logs_with_metadata"]
 
 #: The help text every ``--log`` option ends with.
 SEVERAL_LOGS_HELP = ("Repeat --log for several logs, or name a folder (its *.parquet, sorted); "
                      "several are merged as `sloctl log merge` does.")
 
 ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (default: configs/default.yaml).")
+ForceOption = typer.Option(False, "--force", help="Overwrite --out even when it is not a file of the kind this "
+                           "command writes.")
+
+#: What each kind of ``--out`` is called in messages.
+_KINDS = {"log": "a sloctl query log", "bundle": "a model bundle (a folder with meta.json)",
+          "admission-policy": "an admission-policy document", "envoy-bootstrap": "an Envoy bootstrap"}
 
 
 def load_cli_config(path: Path | None):
@@ -92,6 +99,85 @@ def bind_port(host: str, port: int):
                         "`sloctl serve` running? choose another --port") from None
     sock.set_inheritable(True)
     return sock
+
+
+def _why_not(path: Path, kind: str) -> str | None:
+    """None when the existing ``path`` is of ``kind`` (so writing over it is an update), else why not."""
+    import json
+
+    if kind == "bundle":
+        if not path.is_dir():
+            return "it is a file"
+        if (path / "meta.json").is_file() or not any(path.iterdir()):
+            return None
+        return "it is a folder without meta.json"
+    if path.is_dir():
+        return "it is a folder"
+    if kind == "log":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            metadata = pq.read_schema(path).metadata or {}
+        except (OSError, pa.ArrowException):
+            return "it is not a Parquet file"
+        return None if b"sloctl.schema_version" in metadata else "it is a Parquet file without sloctl's log metadata"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return "it is not a JSON file"
+    if kind == "admission-policy":
+        return None if isinstance(doc, dict) and doc.get("kind") == "admission-policy" else "its JSON has another kind"
+    if kind == "envoy-bootstrap":
+        return None if isinstance(doc, dict) and "static_resources" in doc else "it is not an Envoy bootstrap"
+    raise ValueError(f"The 'kind' parameter of check_out must be one of {', '.join(_KINDS)}, got {kind!r}.")
+
+
+def check_out(out: Path, kind: str, force: bool, option: str = "--out") -> int | None:
+    """Refuse to write ``out`` over something that is not of ``kind``, unless ``force``; before any work.
+
+    Args:
+        out: where the command will write.
+        kind: ``log``, ``bundle``, ``admission-policy`` or ``envoy-bootstrap``.
+        force: ``--force``: overwrite whatever is there (a file where a
+            bundle folder goes is removed).
+
+    Returns:
+        The permission bits of the file being replaced (give them to
+        :func:`keep_mode` after writing), or None.
+
+    Raises:
+        UserError: one line naming ``option``, the path and what it holds (exit 2).
+    """
+    import os
+    import stat
+
+    from sloctl._cli_errors import UserError
+
+    out = Path(out)
+    if not out.exists():
+        return None
+    mode = stat.S_IMODE(out.stat().st_mode) if out.is_file() else None
+    why = _why_not(out, kind)
+    if why is None:
+        return mode
+    if kind != "bundle" and out.is_dir():
+        raise UserError(f"{option} {out}: is a folder; name the file to write ({_KINDS[kind]}).")
+    if not force:
+        raise UserError(f"{option} {out}: exists and is not {_KINDS[kind]} ({why}); refusing to overwrite it "
+                        "(pass --force to replace it, or choose another path).")
+    if kind == "bundle" and out.is_file():
+        os.unlink(out)
+        return None
+    return mode
+
+
+def keep_mode(out: Path, mode: int | None) -> None:
+    """Give a rewritten ``out`` back the permission bits of the file it replaced (``check_out``'s answer)."""
+    import os
+
+    if mode is not None and Path(out).is_file():
+        os.chmod(out, mode)
 
 
 def package_version() -> str:

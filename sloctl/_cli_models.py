@@ -9,6 +9,7 @@ import typer
 from sloctl._cli_common import (
     SEVERAL_LOGS_HELP,
     ConfigOption,
+    ForceOption,
     describe_logs,
     echo,
     load_cli_config,
@@ -254,11 +255,15 @@ def train_admission_cmd(
     duration_s: float = typer.Option(0.08, help="Simulated seconds per trial."),
     register: bool = typer.Option(True, help="Register as 'admission-policy' (alias champion) in MLflow."),
     out: Path | None = typer.Option(None, help="Also write the policy document (JSON) here."),
+    force: bool = ForceOption,
+    as_json: bool = typer.Option(False, "--json", help="Print the policy document as JSON on stdout."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Tune Svalinn's admission settings on a workload in the simulator and register them."""
     import json
 
+    from sloctl._cli_common import check_out, keep_mode
+    from sloctl._cli_errors import UserError, error_message
     from sloctl.training.admission_policy import load_workload, register_admission_policy, tune_admission
 
     if workload is None:
@@ -267,20 +272,31 @@ def train_admission_cmd(
         workload = Path(sloctl.configs.__file__).resolve().parent / "admission_workload.yaml"
     if trials < 1:
         raise typer.BadParameter(f"must be >= 1; got {trials}", param_hint="--trials")
-    spec = load_workload(workload)
+    if not workload.is_file():
+        raise typer.BadParameter(f"{workload}: no such workload file", param_hint="--workload")
+    try:
+        spec = load_workload(workload)
+    except Exception as exc:  # malformed YAML or a bad field: one line naming the file
+        raise UserError(f"--workload {workload}: {error_message(exc)}") from exc
+    cfg = load_cli_config(config) if register else None  # a bad --config fails before the tuning
+    out_mode = check_out(out, "admission-policy", force) if out is not None else None
     policy = tune_admission(spec, trials=trials, seed=seed, duration_s=duration_s,
                             on_trial=lambda n, score: echo(f"trial {n}: weighted goodput {score / 1e3:.1f}k/s"))
     m, c = policy.metrics, policy.credits
-    typer.echo(f"best: credit step ε {c.epsilon:.3f}, dead-band {c.dead_band:.3f}, "
+    (echo if as_json else typer.echo)(f"best: credit step ε {c.epsilon:.3f}, dead-band {c.dead_band:.3f}, "
                f"experiment {c.experiment_s * 1e3:.2f} ms, m_semaphore capacity "
                f"{policy.msem.capacity}; weighted goodput {m['weighted_goodput_per_s'] / 1e3:.1f}k/s "
                f"(library defaults: {m['default_weighted_goodput_per_s'] / 1e3:.1f}k/s), drops {m['drop_rate']:.1%}")
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(policy.to_doc(), indent=2))
+        keep_mode(out, out_mode)
         echo(f"wrote {out}")
+    doc = policy.to_doc()
     if register:
-        cfg = load_cli_config(config)
         version = register_admission_policy(policy, tracking_uri=cfg.registry.tracking_uri,
                                             experiment=cfg.registry.experiment, source=str(workload))
         echo(f"registered {policy.kind} v{version} (alias champion) in {cfg.registry.tracking_uri}")
+        doc["registered"] = {"name": policy.kind, "version": version, "alias": "champion"}
+    if as_json:
+        typer.echo(json.dumps(doc))

@@ -115,6 +115,45 @@ def history_reservoir(history: str | Path, days: int, target_date: str | None, f
     return out, target.isoformat(), info
 
 
+def check_history(path: Path) -> None:
+    """Refuse, before any work, a ``--history`` that is missing or not readable as what it claims to be.
+
+    A ``.parquet`` or ``.csv`` file must hold ``timestamp`` and ``query_count``
+    columns (Redset's hourly layout); anything else must be a Reservoir SQLite
+    file (a ``meta`` table).
+
+    Raises:
+        typer.BadParameter: one line naming ``--history``, the file and what is wrong with it.
+    """
+    import sqlite3
+    from contextlib import closing
+
+    def bad(why: str) -> typer.BadParameter:
+        return typer.BadParameter(f"{path}: {' '.join(why.split())}", param_hint="--history")
+
+    if not path.is_file():
+        raise bad("no such file (a Reservoir SQLite file, or hourly counts as Parquet/CSV)")
+    if path.suffix in (".parquet", ".csv"):
+        import pandas as pd
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            columns = (pq.read_schema(path).names if path.suffix == ".parquet"
+                       else list(pd.read_csv(path, nrows=5).columns))
+        except (OSError, ValueError, UnicodeDecodeError, pa.ArrowException) as exc:
+            raise bad(f"not a readable {path.suffix[1:]} file ({exc})") from None
+        missing = [c for c in ("timestamp", "query_count") if c not in columns]
+        if missing:
+            raise bad(f"hourly counts need columns timestamp and query_count; {', '.join(missing)} missing")
+        return
+    try:
+        with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as con:
+            con.execute("SELECT value FROM meta LIMIT 1").fetchall()
+    except sqlite3.Error as exc:
+        raise bad(f"not a Reservoir SQLite file ({exc}); hourly counts must end in .parquet or .csv") from None
+
+
 def map_templates(workload: list[tuple[float, str]], templates: list[str], seed: int) -> list[tuple[float, str]]:
     """Replace names the log lacks, query by query, by the log's templates round-robin in a seeded order."""
     import numpy as np
@@ -274,6 +313,7 @@ def tune_policy_cmd(
     if strategy not in STRATEGIES:
         raise typer.BadParameter(f"expected one of {', '.join(STRATEGIES)}; got {strategy!r}",
                                  param_hint="--strategy")
+    check_history(history)
     for path in log:
         if not path.exists():
             raise typer.BadParameter(f"no such log {path} (run `make demo`, or name one)", param_hint="--log")

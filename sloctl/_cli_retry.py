@@ -145,11 +145,20 @@ def sweep_cmd(
     if plot is not None:
         plot_retry_sweep(result, plot, title=f"{network.stem}: end-to-end rejection ({model} vs simulation)")
         echo(f"wrote {plot}")
-    if not no_simulate:
-        worst = max(p["max_abs_error"] for p in result["points"])
-        echo(f"largest |analysis − simulation| over all points and classes: {worst:.4f}")
     if as_json:
         typer.echo(json.dumps(result))
+        return
+    typer.echo(f"{network.stem}: end-to-end rejection by bottleneck load ({model}"
+               f"{'' if no_simulate else ' vs simulation'})")
+    for p in result["points"]:  # the result on stdout; the same lines went to stderr as progress
+        k = ",".join(f"{c}={v}" for c, v in p["k"].items())
+        cells = "  ".join(
+            f"{c}: analysis {p['analysis'][c]:.3f}" + (f" sim {p['simulated'][c]:.3f}" if "simulated" in p else "")
+            for c in p["analysis"])
+        typer.echo(f"  ρ {p['offered_rho']:.2f}  k=({k})  {cells}")
+    if not no_simulate:
+        worst = max(p["max_abs_error"] for p in result["points"])
+        typer.echo(f"largest |analysis − simulation| over all points and classes: {worst:.4f}")
 
 
 @retry_app.command("optimise")

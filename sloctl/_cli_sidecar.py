@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from sloctl._cli_common import echo
+from sloctl._cli_common import ForceOption, check_out, echo, keep_mode
 
 __all__ = ["sidecar_app"]
 
@@ -51,6 +51,7 @@ def sync_cmd(
     token: str | None = typer.Option(None, "--token", envvar="SLOCTL_TOKEN", help="Bearer token ($SLOCTL_TOKEN)."),
     interval: float = typer.Option(5.0, "--interval", help="Seconds between polls."),
     once: bool = typer.Option(False, "--once", help="Sync once, print what happened and exit."),
+    as_json: bool = typer.Option(False, "--json", help="With --once: print what happened as JSON on stdout."),
 ) -> None:
     """Write the server's Envoy routes for --service to --rds-file whenever they change (Envoy hot-reloads)."""
     import signal
@@ -65,7 +66,12 @@ def sync_cmd(
     if not rds_file.parent.is_dir():
         raise typer.BadParameter(f"directory {str(rds_file.parent)!r} does not exist", param_hint="--rds-file")
     try:
-        typer.echo(_describe(sync_once(server, service, rds_file, token=token)))
+        first = sync_once(server, service, rds_file, token=token)
+        if as_json and once:
+            typer.echo(json.dumps({"service": first.service, "changed": first.changed, "path": str(first.path),
+                                   "num_retries": first.num_retries, "source": first.source}))
+        else:
+            typer.echo(_describe(first))
     except (SyncError, ValueError) as exc:
         # A wrong service or token will not fix itself; a server that is down or has no policy yet may
         # (the loop below logs the error and keeps polling).
@@ -102,6 +108,8 @@ def bootstrap_cmd(
     rds_file: Path = typer.Option(..., "--rds-file", help="The RDS file `sloctl sidecar sync` keeps current."),
     out: Path = typer.Option(..., "--out", "-o", help="Bootstrap to write (JSON; `envoy -c OUT`)."),
     admin_port: int | None = typer.Option(None, "--admin-port", min=1, max=65535, help="Envoy's admin port."),
+    force: bool = ForceOption,
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
 ) -> None:
     """Write an Envoy bootstrap that reads its routes from --rds-file over RDS (updates need no restart)."""
     from sloctl.serving.retry_sync import bootstrap_from_rds
@@ -111,11 +119,17 @@ def bootstrap_cmd(
                     f"--server URL --service {service} --rds-file {rds_file}` first (Envoy needs it at start)")
     if not out.parent.is_dir():
         raise typer.BadParameter(f"directory {str(out.parent)!r} does not exist", param_hint="--out")
+    out_mode = check_out(out, "envoy-bootstrap", force)
     try:
         bootstrap = bootstrap_from_rds(rds_file, service=service, listen_port=listen_port,
                                        upstream_port=upstream_port, admin_port=admin_port)
     except ValueError as exc:
         raise _fail(f"{exc} (check --service and --rds-file)") from None
     out.write_text(json.dumps(bootstrap, indent=2))
+    keep_mode(out, out_mode)
+    if as_json:
+        typer.echo(json.dumps({"out": str(out), "service": service, "listen_port": listen_port,
+                               "upstream_port": upstream_port, "rds_file": str(rds_file.resolve())}))
+        return
     typer.echo(f"wrote {out}: 127.0.0.1:{listen_port} -> 127.0.0.1:{upstream_port}, routes from "
                f"{rds_file.resolve()}; start it with `envoy -c {out}`")

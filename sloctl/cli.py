@@ -18,9 +18,12 @@ import typer
 from sloctl._cli_common import (
     SEVERAL_LOGS_HELP,
     ConfigOption,
+    ForceOption,
     bind_port,
+    check_out,
     cli_router,
     echo,
+    keep_mode,
     load_cli_config,
     log_files,
     parse_sizes,
@@ -80,26 +83,38 @@ def _sloctl(
     """Learn how a service fleet behaves under load, then control it to meet latency SLOs."""
 
 
+JsonOption = typer.Option(False, "--json", help="Print the result as JSON on stdout.")
+
+
 @warehouse_app.command("generate")
 def warehouse_generate(
     benchmark: str = typer.Option("tpch", help="tpch or tpcds."),
     sf: float = typer.Option(0.1, "--sf", help="TPC scale factor."),
     data_dir: Path | None = typer.Option(None, help="Where databases live (config: warehouse.data_dir)."),
+    as_json: bool = JsonOption,
     config: Path | None = ConfigOption,
 ) -> None:
     """Generate a TPC database once (reused by later runs)."""
+    import json
+
     from sloctl.datasets.tpc import ensure_database
 
     cfg = load_cli_config(config)
     path = ensure_database(benchmark, sf, data_dir or cfg.warehouse.data_dir, log=echo)
-    typer.echo(str(path))
+    typer.echo(json.dumps({"benchmark": benchmark, "scale_factor": sf, "path": str(path)}) if as_json else str(path))
 
 
 @warehouse_app.command("templates")
-def warehouse_templates(benchmark: str = typer.Option("tpch", help="tpch or tpcds.")) -> None:
+def warehouse_templates(benchmark: str = typer.Option("tpch", help="tpch or tpcds."),
+                        as_json: bool = JsonOption) -> None:
     """List the benchmark's query templates."""
+    import json
+
     from sloctl.datasets.tpc import load_templates
 
+    if as_json:
+        typer.echo(json.dumps([{"name": t.name, "sql": t.sql} for t in load_templates(benchmark)]))
+        return
     for template in load_templates(benchmark):
         first = " ".join(template.sql.split())[:70]
         typer.echo(f"{template.name}\t{first}")
@@ -124,12 +139,16 @@ def collect_cmd(
     allow_oversubscribe: bool = typer.Option(False, help="Let CPU budgets (or pinned cores) exceed the cluster "
                                              "cores; every affected row is marked."),
     data_dir: Path | None = typer.Option(None, help="Where databases live."),
+    force: bool = ForceOption,
+    as_json: bool = JsonOption,
     config: Path | None = ConfigOption,
 ) -> None:
     """Run a workload (or several in turn) on DuckDB clusters of the given sizes and write the query log."""
     import dataclasses
+    import json
 
     import numpy as np
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from sloctl.datasets.collect import collect
@@ -138,6 +157,7 @@ def collect_cmd(
     from sloctl.datasets.workloads import build_workload
 
     cfg = load_cli_config(config)
+    out_mode = check_out(out, "log", force)
     overrides = {k: v for k, v in {"rate_per_s": rate, "copies": copies, "seed": seed}.items() if v is not None}
     kinds = [kind.strip() for kind in workload.split(",")] if workload is not None else [cfg.workload.kind]
     for kind in kinds:
@@ -156,7 +176,7 @@ def collect_cmd(
              f"over {wl.duration_s:.1f} s, on sizes {list(size_list)}.")
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), transient=False, console=None) as progress:
+                  TimeElapsedColumn(), transient=False, console=Console(stderr=True)) as progress:
         tasks = {}
         for wl in workloads:
             label = f"{wl.name} " if len(workloads) > 1 else ""
@@ -185,9 +205,14 @@ def collect_cmd(
         write_log(log, out, metadata=metadata)
     status = log["status"].value_counts().to_dict()
     lags = np.asarray([lag for result in results for lag in result.dispatch_lag_s]) * 1000
-    lag_text = (f"; dispatch lag p50 {np.percentile(lags, 50):.2f} ms, "
-                f"p99 {np.percentile(lags, 99):.2f} ms") if len(lags) else ""
-    echo(f"Wrote {len(log)} rows to {out} (status {status}){lag_text}.")
+    keep_mode(out, out_mode)
+    lag_ms = {"p50": float(np.percentile(lags, 50)), "p99": float(np.percentile(lags, 99))} if len(lags) else None
+    if as_json:
+        typer.echo(json.dumps({"out": str(out), "rows": len(log), "status": {str(k): int(v) for k, v in status.items()},
+                               "dispatch_lag_ms": lag_ms}))
+        return
+    lag_text = f"; dispatch lag p50 {lag_ms['p50']:.2f} ms, p99 {lag_ms['p99']:.2f} ms" if lag_ms else ""
+    typer.echo(f"Wrote {len(log)} rows to {out} (status {status}){lag_text}.")
 
 
 def _merge_workloads(results, workloads, run_meta: dict) -> tuple:
@@ -218,32 +243,54 @@ def import_redset_cmd(
     default_size: int = typer.Option(1, help="cluster_size for rows without one (serverless)."),
     instance: int | None = typer.Option(None, help="Only this instance_id."),
     limit: int | None = typer.Option(None, help="Only the first N arrivals."),
+    force: bool = ForceOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """Map per-query Redset rows onto the query-log schema (see docs/querylog.md)."""
+    import json
+
     from sloctl.datasets.querylog import write_log
     from sloctl.datasets.redset import import_redset
 
+    if not file.is_file():
+        raise typer.BadParameter(f"no such file: {file}", param_hint="FILE")
+    out_mode = check_out(out, "log", force)
     log, skipped = import_redset(file, default_size=default_size, instance=instance, limit=limit)
     write_log(log, out, metadata={"source": f"redset:{file.name}"})
-    echo(f"Wrote {len(log)} rows to {out}; skipped {skipped} rows with missing times.")
+    keep_mode(out, out_mode)
+    if as_json:
+        typer.echo(json.dumps({"out": str(out), "rows": len(log), "skipped": int(skipped)}))
+        return
+    typer.echo(f"Wrote {len(log)} rows to {out}; skipped {skipped} rows with missing times.")
 
 
 @log_app.command("validate")
-def log_validate(file: Path = typer.Argument(..., help="Query log (Parquet).")) -> None:
+def log_validate(file: Path = typer.Argument(..., help="Query log (Parquet)."), as_json: bool = JsonOption) -> None:
     """Check a log against the schema; exit 2 naming the first bad column/row."""
+    import json
+
     from sloctl.datasets.querylog import read_log
 
     df = read_log(file)
+    if as_json:
+        typer.echo(json.dumps({"file": str(file), "valid": True, "rows": len(df)}))
+        return
     typer.echo(f"{file}: valid query log, {len(df)} rows.")
 
 
 @log_app.command("summary")
-def log_summary(file: Path = typer.Argument(..., help="Query log (Parquet).")) -> None:
+def log_summary(file: Path = typer.Argument(..., help="Query log (Parquet)."),
+                as_json: bool = typer.Option(False, "--json", help="Print one JSON object per template and size "
+                                             "(a list; latencies in seconds, NaN as null) on stdout.")) -> None:
     """Per-template isolated latency, latency under concurrency, and slowdown."""
     from sloctl.datasets.analysis import template_summary
     from sloctl.datasets.querylog import read_log
 
-    _print_summary(template_summary(read_log(file)))
+    summary = template_summary(read_log(file))
+    if as_json:
+        typer.echo(summary.to_json(orient="records"))
+        return
+    _print_summary(summary)
 
 
 @log_app.command("merge")
@@ -254,6 +301,7 @@ def log_merge(
     gap_s: float = typer.Option(DEFAULT_GAP_S, "--gap-s", help="Idle seconds between one run's last end_s and the "
                                 "next run's first arrival."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON summary of the merge on stdout."),
+    force: bool = ForceOption,
 ) -> None:
     """Merge the logs of separate runs into one: ids renumbered, clocks end to end, clusters kept apart.
 
@@ -274,6 +322,7 @@ def log_merge(
     for path in inputs:
         if out.resolve() == path.resolve() or (out.exists() and os.path.samefile(out, path)):
             raise QueryLogError(f"--out {out}: is also an input ({path}); refusing to overwrite an input.")
+    out_mode = check_out(out, "log", force)
     try:
         log, metadata = merge_logs(inputs, gap_s=gap_s)
     except QueryLogError as exc:
@@ -281,8 +330,9 @@ def log_merge(
     write_log(log, out, metadata=metadata)
     runs = [{k: run[k] for k in ("run", "path", "rows", "offset_s", "first_query_id", "cluster_prefix")}
             for run in json.loads(metadata["merged_from"])]
-    echo(f"Merged {len(runs)} logs ({len(log)} rows) into {out}: runs laid end to end {gap_s:g} s apart, "
-         f"clusters prefixed r0/..r{len(runs) - 1}/.")
+    keep_mode(out, out_mode)
+    (echo if as_json else typer.echo)(f"Merged {len(runs)} logs ({len(log)} rows) into {out}: runs laid end to end "
+                                      f"{gap_s:g} s apart, clusters prefixed r0/..r{len(runs) - 1}/.")
     if as_json:
         typer.echo(json.dumps({"out": str(out), "rows": len(log), "gap_s": gap_s,
                                "plan_feature_version": metadata["plan_feature_version"], "runs": runs}))
@@ -310,13 +360,15 @@ def _print_summary(summary) -> None:
 
 
 @config_app.command("show")
-def config_show(config: Path | None = ConfigOption) -> None:
+def config_show(config: Path | None = ConfigOption, as_json: bool = JsonOption) -> None:
     """Print the effective configuration (defaults plus the file's changes)."""
     import dataclasses
+    import json
 
     import yaml
 
-    typer.echo(yaml.safe_dump(dataclasses.asdict(load_cli_config(config)), sort_keys=False))
+    effective = dataclasses.asdict(load_cli_config(config))
+    typer.echo(json.dumps(effective, default=str) if as_json else yaml.safe_dump(effective, sort_keys=False))
 
 
 @app.command("demo")

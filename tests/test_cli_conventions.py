@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import socket
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 import typer
@@ -165,3 +166,113 @@ def test_bad_input_through_the_entry_point_has_no_traceback(run_sloctl, tmp_path
 def _json_stdout(result) -> dict:
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+# --- every command, with a missing or malformed input (issue 19) --------------------------------------------------
+
+#: Path options a command writes to (never reads).
+OUTPUT_PARAMS = {"out", "plot", "plots", "data_dir"}
+#: Values for required options that are not files (valid enough to reach the file checks).
+REQUIRED_VALUES = {"template": "tpch-q01", "size": "1", "service": "svc", "server": "http://127.0.0.1:9",
+                   "listen_port": "10000", "upstream_port": "10001"}
+
+
+def _base_type(annotation):
+    import types
+    import typing
+
+    while True:
+        origin = typing.get_origin(annotation)
+        if origin in (typing.Union, types.UnionType):
+            annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        elif origin is list:
+            annotation = typing.get_args(annotation)[0]
+        else:
+            return annotation
+
+
+def _is_input_path(path: tuple, param) -> bool:
+    if _base_type(param.type_descriptor.annotation) is not Path or param.name in OUTPUT_PARAMS:
+        return False
+    return not (path == ("sidecar", "sync") and param.name == "rds_file")  # sync writes its RDS file
+
+
+def _args(path: tuple, command, files: dict, outdir: Path, skip: str = "") -> list[str]:
+    """Arguments for ``command``: every input file from ``files`` (by parameter), required others filled in."""
+    args: list[str] = []
+    for param in command.params:
+        if param.name == skip:
+            continue
+        if _is_input_path(path, param):
+            value = files[param.name]
+        elif not param.required:
+            continue
+        elif _base_type(param.type_descriptor.annotation) is Path:
+            value = outdir / f"out-{param.name}"  # a required output
+        else:
+            value = REQUIRED_VALUES.get(param.name, "1")
+        args += [str(value)] if param.param_type_name == "argument" else [param.opts[0], str(value)]
+    return args
+
+
+def _malformed(tmp_path: Path) -> dict:
+    yaml_file = tmp_path / "malformed.yaml"
+    yaml_file.write_text("services: [unclosed\n  - {a: \n")
+    parquet = tmp_path / "malformed.parquet"
+    parquet.write_bytes(b"PAR1 this is not parquet at all")
+    json_file = tmp_path / "malformed.json"
+    json_file.write_text("{not json")
+    by_name = {"config": yaml_file, "network": yaml_file, "workload": yaml_file, "rds_file": json_file}
+    return {name: by_name.get(name, parquet) for name in _ALL_PARAM_NAMES}
+
+
+_ALL_PARAM_NAMES = {p.name for _, c in _commands(typer.main.get_command(app)) for p in c.params}
+
+
+@pytest.mark.parametrize("kind", ["missing", "malformed"])
+def test_every_command_with_a_missing_or_malformed_file_says_which_in_one_line(kind, tmp_path, monkeypatch):
+    """Every input file of every command, missing or malformed: exit 2, no traceback, one line naming it."""
+    monkeypatch.chdir(tmp_path)  # no mlflow.db, reports/ or state file lands in the checkout
+    files = ({name: tmp_path / f"missing-{name}.parquet" for name in _ALL_PARAM_NAMES} if kind == "missing"
+             else _malformed(tmp_path))
+    walked = 0
+    for path, command in _commands(typer.main.get_command(app)):
+        inputs = [p for p in command.params if _is_input_path(path, p)]
+        if not inputs:
+            continue  # no file to get wrong: the bad-number walk covers it
+        args = _args(path, command, files, tmp_path)
+        result = invoke(*path, *args)
+        names = [files[p.name].name for p in inputs] + [o for p in inputs for o in p.opts]
+        line = assert_one_line_error(result, 2)
+        assert any(name in line for name in names), f"sloctl {' '.join(path)} {' '.join(args)}: {line}"
+        walked += 1
+    assert walked >= 25
+
+
+def test_every_number_option_refuses_a_word(tmp_path, monkeypatch):
+    """``--rate abc`` and the like, on every command with a number: click's check, in the one error shape."""
+    monkeypatch.chdir(tmp_path)
+    files = {name: tmp_path / f"missing-{name}" for name in _ALL_PARAM_NAMES}
+    commands_seen = set()
+    for path, command in _commands(typer.main.get_command(app)):
+        for param in command.params:
+            if _base_type(param.type_descriptor.annotation) not in (int, float) or param.param_type_name != "option":
+                continue
+            result = invoke(*path, param.opts[0], "abc", *_args(path, command, files, tmp_path, skip=param.name))
+            assert_one_line_error(result, 2, param.opts[0])
+            commands_seen.add(path)
+            break  # one number per command: they all go through the same click check
+    no_file_no_number = {path for path, command in _commands(typer.main.get_command(app))
+                         if not any(_is_input_path(path, p) for p in command.params)} - commands_seen
+    assert no_file_no_number <= {("warehouse", "templates")}, no_file_no_number
+    assert_one_line_error(invoke("warehouse", "templates", "--benchmark", "tpcx"), 2, "tpcx")
+
+
+@pytest.mark.parametrize("suffix,content", [(".csv", b"\x00\x01garbage,\n\xff"), (".sqlite", b"not a database"),
+                                            (".parquet", b"PAR1 nope")])
+def test_tune_policy_with_an_unreadable_history_names_it(suffix, content, tmp_path, tiny_log):
+    """Before: a pandas/sqlite3 traceback (issue 19, item 11)."""
+    history = tmp_path / f"history{suffix}"
+    history.write_bytes(content)
+    result = invoke("tune", "policy", "--history", history, "--log", tiny_log, "--no-register")
+    assert_one_line_error(result, 2, "--history", str(history))
