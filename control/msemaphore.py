@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import numbers
 import random
+import statistics
 from collections import deque
 from collections.abc import Hashable, Mapping
 from typing import Literal, Protocol
@@ -39,6 +40,7 @@ __all__ = [
 
 WaitOutcome = Literal["acquired", "queued", "dropped"]
 _DUE_TOLERANCE = 1e-9  # relative slack of ``due``: float clocks drift by ulps
+_NOISE_WINDOW = 32  # innovations the noise estimate looks at
 
 
 def _is_int(value: object) -> bool:
@@ -185,7 +187,8 @@ class _NeighbourBandit:
     """Arms ``1..max_capacity``, the shared reward, the neighbourhood and the bookkeeping."""
 
     def __init__(self, max_capacity: int, max_bandwidth: float, alpha: float, interval_s: float, seed: int,
-                 initial_capacity: int | None, follow_through: bool) -> None:
+                 initial_capacity: int | None, follow_through: bool, significance: float = 0.0) -> None:
+        self.significance = significance
         self.max_capacity = max_capacity
         self.max_bandwidth = max_bandwidth
         self.alpha = alpha
@@ -198,6 +201,8 @@ class _NeighbourBandit:
         self.values: dict[int, float] = {}  # explored arms only
         self._start = 1 if initial_capacity is None else initial_capacity
         self._last_select_s = -math.inf
+        self._innovations: deque[float] = deque(maxlen=_NOISE_WINDOW)  # |reward − the arm's value before it|
+        self.since_move_ = 0  # updates since the best arm last moved significantly
 
     def _validate_common(self) -> None:
         name = type(self).__name__
@@ -206,6 +211,8 @@ class _NeighbourBandit:
             raise ValueError(f"The 'max_bandwidth' parameter of {name} must be > 0, got {self.max_bandwidth!r}.")
         if not 0.0 <= self.alpha <= 1.0:
             raise ValueError(f"The 'alpha' parameter of {name} must be in [0, 1], got {self.alpha!r}.")
+        if not (math.isfinite(self.significance) and self.significance >= 0):
+            raise ValueError(f"The 'significance' parameter of {name} must be >= 0, got {self.significance!r}.")
         if not (math.isfinite(self.interval_s) and self.interval_s > 0):
             raise ValueError(f"The 'interval_s' parameter of {name} must be > 0, got {self.interval_s!r}.")
         if self.initial_capacity is not None and not (
@@ -240,19 +247,46 @@ class _NeighbourBandit:
     def update(self, capacity: int, bandwidth: float, now_s: float) -> None:
         """Learn the reward of an interval run at ``capacity``.
 
-        With ``follow_through``, when the best arm moves, the arm one further
-        in the same direction is forgotten, so that it is probed next (its old
-        value may be stale: the optimum that moved once may keep moving).
+        With ``follow_through``, when the best arm moves *significantly*, the
+        arm one further in the same direction is forgotten, so that it is
+        probed next (its old value may be stale: the optimum that moved once
+        may keep moving). A move is significant when the new best's value
+        exceeds the old best's by more than ``significance`` × the reward
+        noise :attr:`noise_std_`; with ``significance = 0`` every move is.
+        On a clean signal the noise estimate is 0 and every real move
+        counts; on a noisy one the best arm's random steps above the knee
+        no longer drag the capacity along.
         """
         self._check_arm(capacity, "capacity")
         capacity = int(capacity)
         before = self.best
-        self._learn(capacity, self.reward(capacity, bandwidth))
+        reward = self.reward(capacity, bandwidth)
+        old = self.values.get(capacity)
+        if old is not None:
+            self._innovations.append(abs(reward - old))
+        self._learn(capacity, reward)
         after = self.best
-        if self.follow_through and after != before:
-            ahead = after + (1 if after > before else -1)
-            if ahead != before and ahead in self.values:
-                self._forget(ahead)
+        self.since_move_ += 1
+        if after != before and self._significant(after, before):
+            self.since_move_ = 0
+            if self.follow_through:
+                ahead = after + (1 if after > before else -1)
+                if ahead != before and ahead in self.values:
+                    self._forget(ahead)
+
+    @property
+    def noise_std_(self) -> float:
+        """The reward noise the tuner estimates (reward units): 1.4826 × the median of the last 32
+        innovations ``|reward − the arm's value before it|``. A median, so that the few large
+        innovations a real change of the optimum causes are not taken for noise."""
+        if not self._innovations:
+            return 0.0
+        return 1.4826 * statistics.median(self._innovations)
+
+    def _significant(self, after: int, before: int) -> bool:
+        if before not in self.values:
+            return True
+        return self.values[after] - self.values[before] > self.significance * self.noise_std_
 
     def _learn(self, arm: int, reward: float) -> None:
         raise NotImplementedError
@@ -297,17 +331,34 @@ class EpsilonGreedyTuner(_NeighbourBandit):
         interval_s: ``Δt_msem``, the cadence drivers should call ``select`` at (seconds).
         seed: seeds exploration.
         initial_capacity: the arm to start from (default 1).
-        follow_through: when the best arm moves, forget the next arm in that
-            direction so it is probed at once (see :meth:`update`); False is
-            the paper's plain ε-greedy.
+        follow_through: when the best arm moves significantly, forget the
+            next arm in that direction so it is probed at once (see
+            :meth:`update`); False is the paper's plain ε-greedy.
+        significance: how many noise standard deviations a move of the best
+            arm must clear to count (follow-through, and the reset of a
+            decayed ε); 0 counts every move.
+        epsilon_min: the floor ``ε`` decays to while the best arm holds
+            (None: no decay). ``ε_t = max(ε_min, ε · 2^(−t / epsilon_half_life))``,
+            ``t`` the intervals since the best arm last moved significantly.
+        epsilon_half_life: intervals for ``ε`` to halve.
     """
 
     def __init__(self, max_capacity: int, max_bandwidth: float, alpha: float = 0.7, omega: float = 0.8,
                  epsilon: float = 0.3, interval_s: float = 0.0005, seed: int = 0,
-                 initial_capacity: int | None = None, follow_through: bool = True) -> None:
-        super().__init__(max_capacity, max_bandwidth, alpha, interval_s, seed, initial_capacity, follow_through)
+                 initial_capacity: int | None = None, follow_through: bool = True, significance: float = 3.0,
+                 epsilon_min: float | None = 0.15, epsilon_half_life: float = 20.0) -> None:
+        super().__init__(max_capacity, max_bandwidth, alpha, interval_s, seed, initial_capacity, follow_through,
+                         significance)
         self.omega = omega
         self.epsilon = epsilon
+        self.epsilon_min = epsilon_min
+        self.epsilon_half_life = epsilon_half_life
+        if epsilon_min is not None and not 0.0 <= epsilon_min <= 1.0:
+            raise ValueError(f"The 'epsilon_min' parameter of EpsilonGreedyTuner must be in [0, 1], "
+                             f"got {epsilon_min!r}.")
+        if not (math.isfinite(epsilon_half_life) and epsilon_half_life > 0):
+            raise ValueError(f"The 'epsilon_half_life' parameter of EpsilonGreedyTuner must be > 0, "
+                             f"got {epsilon_half_life!r}.")
         if not 0.0 < omega <= 1.0:
             raise ValueError(f"The 'omega' parameter of EpsilonGreedyTuner must be in (0, 1], got {omega!r}.")
         if not 0.0 <= epsilon <= 1.0:
@@ -317,10 +368,18 @@ class EpsilonGreedyTuner(_NeighbourBandit):
         self._last_select_s = now_s
         best = self.best
         around = self.neighbours(best)
-        if around and self._rng.random() < self.epsilon:
+        if around and self._rng.random() < self.epsilon_now:
             return self._rng.choice(around)
         unexplored = [a for a in reversed(around) if a not in self.values]
         return unexplored[0] if unexplored else best
+
+    @property
+    def epsilon_now(self) -> float:
+        """The exploration probability in force (``ε`` decayed while the best arm holds)."""
+        if self.epsilon_min is None:
+            return self.epsilon
+        return max(min(self.epsilon_min, self.epsilon),
+                   self.epsilon * 0.5 ** (self.since_move_ / self.epsilon_half_life))
 
     def _learn(self, arm: int, reward: float) -> None:
         old = self.values.get(arm)

@@ -119,7 +119,7 @@ PHASES = [(6, 10.0), (12, 5.0), (6, 10.0), (12, 5.0)]
 
 
 def test_epsilon_greedy_explores_only_next_to_the_best_arm():
-    tuner = EpsilonGreedyTuner(max_capacity=32, max_bandwidth=60.0, seed=3)
+    tuner = EpsilonGreedyTuner(max_capacity=32, max_bandwidth=60.0, seed=3, epsilon_min=None)  # fixed ε
     explored = 0
     for i in range(2000):
         best = tuner.best
@@ -231,3 +231,41 @@ def test_an_interval_built_from_summed_ticks_is_due_on_time(cls):
     tuner.select(ticks[16])
     assert not any(tuner.due(t) for t in ticks[17:21])
     assert tuner.due(ticks[21])  # ... and the interval is still due on the fifth tick
+
+
+def test_epsilon_decays_while_the_best_arm_holds_and_not_below_its_floor():
+    tuner = EpsilonGreedyTuner(max_capacity=8, max_bandwidth=8.0, epsilon=0.3, epsilon_min=0.15, seed=0)
+    for i in range(300):
+        c = tuner.select(i * INTERVAL_S)
+        tuner.update(c, float(min(c, 4)), i * INTERVAL_S)
+    assert tuner.best == 4
+    assert tuner.epsilon_now == pytest.approx(0.15)
+    tuner.update(5, 8.0, 300 * INTERVAL_S)  # the optimum moved: a clean, hence significant, move of the best arm
+    assert tuner.best == 5 and tuner.epsilon_now == pytest.approx(0.3)
+
+
+def test_the_noise_estimate_follows_the_reward_noise_and_is_zero_on_a_clean_signal():
+    import random
+
+    rng = random.Random(0)
+    clean = EpsilonGreedyTuner(max_capacity=8, max_bandwidth=100.0, alpha=1.0, omega=1.0, seed=0)
+    noisy = EpsilonGreedyTuner(max_capacity=8, max_bandwidth=100.0, alpha=1.0, omega=1.0, seed=0)
+    for i in range(400):
+        clean.update(4, 50.0, i * INTERVAL_S)
+        noisy.update(4, 50.0 + rng.gauss(0.0, 2.0), i * INTERVAL_S)
+    assert clean.noise_std_ == 0.0
+    # ω = 1: the value is the last reward, so an innovation is the difference of two draws, σ √2 = 0.028 here.
+    assert noisy.noise_std_ == pytest.approx(0.02 * 2 ** 0.5, rel=0.3)
+
+
+def test_on_the_peers_noisy_curve_the_default_tuner_regrets_no_more_than_the_peers_constants():
+    from sloctl.experiments.admission_bandit import ARMS, NOISE_STD, M, PeerTuner, run_curve
+
+    def regret(make):
+        return statistics.mean(statistics.mean(run_curve(make(s), steps_per_phase=1000, noise_std=NOISE_STD,
+                                                         seed=s)["regret_per_step"]) for s in range(4))
+
+    ours = regret(lambda s: EpsilonGreedyTuner(ARMS, M, alpha=0.8, seed=s))
+    peer = regret(lambda s: PeerTuner(ARMS, seed=s))
+    old = regret(lambda s: EpsilonGreedyTuner(ARMS, M, alpha=0.8, seed=s, significance=0.0, epsilon_min=None))
+    assert ours <= peer < old  # follow-through on every noisy move was worse than the peer
