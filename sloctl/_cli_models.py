@@ -25,7 +25,11 @@ evaluate_app = typer.Typer(help="Score models on query logs.", no_args_is_help=T
 tune_app = typer.Typer(help="Optuna studies of model hyper-parameters (resumable).", no_args_is_help=True)
 
 
-def _print_metrics(title: str, metrics: dict[str, float]) -> None:
+JsonOption = typer.Option(False, "--json", help="Print the result as JSON on stdout (the metrics table then goes to "
+                          "stderr).")
+
+
+def _print_metrics(title: str, metrics: dict[str, float], *, err: bool = True) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -41,10 +45,11 @@ def _print_metrics(title: str, metrics: dict[str, float]) -> None:
         table.add_row(split, f"{metrics.get(f'{split}_n', 0):.0f}", fmt(f"{split}_q_error_p50"),
                       fmt(f"{split}_q_error_p90"), fmt(f"{split}_q_error_p95"),
                       fmt(f"{split}_isolated_q_error_p90"), fmt(f"{split}_concurrent_q_error_p90"))
-    Console(stderr=True).print(table)
+    Console(stderr=err).print(table)
 
 
-def _finish_training(result, log, name: str, log_path: str, cfg, register: bool, out: Path | None) -> None:
+def _finish_training(result, log, name: str, log_path: str, cfg, register: bool, out: Path | None, *,
+                     as_json: bool = True) -> None:
     import json
 
     calibration = result.predictor.calibration
@@ -66,7 +71,14 @@ def _finish_training(result, log, name: str, log_path: str, cfg, register: bool,
                              experiment=cfg.registry.experiment, log_path=log_path)
         echo(f"Registered {name} v{reg.version} (run {reg.run_id}); champion: {reg.champion} — {reg.reason}.")
         summary.update({"version": reg.version, "run_id": reg.run_id, "champion": reg.champion})
-    typer.echo(json.dumps(summary))
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    test = summary["test"]
+    registered = (f"; registered {name} v{summary['version']}{' (champion)' if summary['champion'] else ''}"
+                  if register else "")
+    typer.echo(f"{name}: test Q-error p50 {test['p50']:.3f} p90 {test['p90']:.3f} p95 {test['p95']:.3f}, "
+               f"SLO margin {summary['slo_margin']:.3f}, data {summary['data_hash']}{registered}")
 
 
 @train_app.command("stage")
@@ -75,17 +87,23 @@ def train_stage_cmd(
     config: Path | None = ConfigOption,
     register: bool = typer.Option(True, help="Log the run and register the model in MLflow."),
     out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
+    force: bool = ForceOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """Train Stage (LightGBM, isolated executions) and register it as 'stage'."""
+    from sloctl._cli_common import check_out
     from sloctl.training.pipeline import train_stage
+
+    if out is not None:
+        check_out(out, "bundle", force)  # before the training: never over a file or folder of another kind
 
     cfg = load_cli_config(config)
     frame = read_logs(log)
     result = train_stage(frame, cfg.stage, val_fraction=cfg.iconq.val_fraction,
                          test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed,
                          risk_quantile=cfg.router.risk_quantile)
-    _print_metrics(f"Stage Q-error on {describe_logs(log)}", result.metrics)
-    _finish_training(result, frame, "stage", describe_logs(log), cfg, register, out)
+    _print_metrics(f"Stage Q-error on {describe_logs(log)}", result.metrics, err=as_json)
+    _finish_training(result, frame, "stage", describe_logs(log), cfg, register, out, as_json=as_json)
 
 
 @train_app.command("iconq")
@@ -98,11 +116,17 @@ def train_iconq_cmd(
     register: bool = typer.Option(True, help="Log the run and register the model in MLflow."),
     out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
     progress: bool = typer.Option(False, help="Show Lightning's progress bar."),
+    force: bool = ForceOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """Train an Iconq variant (with its own Stage) and register it as 'iconq'."""
     import dataclasses
 
+    from sloctl._cli_common import check_out
     from sloctl.training.pipeline import train_iconq
+
+    if out is not None:
+        check_out(out, "bundle", force)  # before the training: never over a file or folder of another kind
 
     cfg = load_cli_config(config)
     overrides = {k: v for k, v in {"variant": variant, "max_epochs": max_epochs, "seed": seed}.items()
@@ -115,8 +139,8 @@ def train_iconq_cmd(
     result = train_iconq(frame, cfg.stage, iconq_cfg, progress=progress,
                          on_epoch=None if progress else lambda e, v: echo(f"epoch {e:3d}  val_loss {v:.4f}"),
                          risk_quantile=cfg.router.risk_quantile)
-    _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {describe_logs(log)}", result.metrics)
-    _finish_training(result, frame, "iconq", describe_logs(log), cfg, register, out)
+    _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {describe_logs(log)}", result.metrics, err=as_json)
+    _finish_training(result, frame, "iconq", describe_logs(log), cfg, register, out, as_json=as_json)
 
 
 @evaluate_app.command("predictor")
@@ -202,10 +226,11 @@ def tune_stage_cmd(
     storage: str | None = typer.Option(None, help="Optuna storage (config: registry.optuna_storage)."),
     study_name: str = typer.Option("stage", help="Study name; an existing study is resumed."),
     seed: int = typer.Option(0, help="Sampler seed."),
+    as_json: bool = JsonOption,
     config: Path | None = ConfigOption,
 ) -> None:
     """Tune Stage's LightGBM settings on validation Q-error (isolated p90)."""
-    _tune("stage", log, trials, storage, study_name, seed, 0, config)
+    _tune("stage", log, trials, storage, study_name, seed, 0, config, as_json=as_json)
 
 
 @tune_app.command("iconq")
@@ -216,16 +241,31 @@ def tune_iconq_cmd(
     study_name: str = typer.Option("iconq", help="Study name; an existing study is resumed."),
     seed: int = typer.Option(0, help="Sampler seed."),
     max_epochs: int = typer.Option(30, help="Epoch limit per trial."),
+    as_json: bool = JsonOption,
     config: Path | None = ConfigOption,
 ) -> None:
     """Tune Iconq+ (width, dropout, learning rate, batch) on validation Q-error p90."""
-    _tune("iconq", log, trials, storage, study_name, seed, max_epochs, config)
+    _tune("iconq", log, trials, storage, study_name, seed, max_epochs, config, as_json=as_json)
+
+
+def _print_tune(summary: dict, as_json: bool) -> None:
+    """A study's result on stdout: JSON with --json, else a line (and one more for --apply's model)."""
+    import json
+
+    if as_json:
+        typer.echo(json.dumps(summary))
+        return
+    typer.echo(f"study {summary['study']}: {summary['n_trials']} trials ({summary['n_new']} new); best "
+               f"{summary.get('objective', 'value')} {summary['best_value']} with {json.dumps(summary['best_params'])}")
+    applied = summary.get("applied")
+    if applied:
+        typer.echo(f"applied: registered {applied['name']} v{applied['version']}"
+                   f"{' (champion)' if applied['champion'] else ''}; val p90 {applied['val']:.3f}, "
+                   f"test p90 {applied['test']:.3f}")
 
 
 def _tune(model: str, log: list[Path], trials: int, storage: str | None, study_name: str, seed: int,
-          max_epochs: int, config: Path | None) -> None:
-    import json
-
+          max_epochs: int, config: Path | None, *, as_json: bool = True) -> None:
     from sloctl.training.tune import tune
 
     if trials < 1:
@@ -239,9 +279,9 @@ def _tune(model: str, log: list[Path], trials: int, storage: str | None, study_n
 
     result = tune(model, frame, cfg, trials=trials, storage=storage or cfg.registry.optuna_storage,
                   study_name=study_name, seed=seed, max_epochs=max_epochs, on_trial=on_trial)
-    typer.echo(json.dumps({"study": result.study_name, "n_trials": result.n_trials, "n_new": result.n_new,
-                           "best_value": result.best_value, "best_params": result.best_params,
-                           "mlflow_run_id": result.mlflow_run_id}))
+    _print_tune({"study": result.study_name, "n_trials": result.n_trials, "n_new": result.n_new,
+                 "best_value": result.best_value, "best_params": result.best_params,
+                 "mlflow_run_id": result.mlflow_run_id}, as_json)
 
 
 

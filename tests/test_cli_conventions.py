@@ -276,3 +276,121 @@ def test_tune_policy_with_an_unreadable_history_names_it(suffix, content, tmp_pa
     history.write_bytes(content)
     result = invoke("tune", "policy", "--history", history, "--log", tiny_log, "--no-register")
     assert_one_line_error(result, 2, "--history", str(history))
+
+
+# --- results on stdout, --json ------------------------------------------------------------------------------------
+
+#: Commands without --json: serve prints no result; demo is the narrated tour (its results are files and tables).
+NO_JSON = {("serve",), ("demo",)}
+
+
+def test_every_command_that_prints_a_result_takes_json():
+    lacking = [path for path, command in _commands(typer.main.get_command(app))
+               if path not in NO_JSON and not any("--json" in p.opts for p in command.params)]
+    assert lacking == []
+
+
+def test_json_goes_to_stdout_alone(tiny_log):
+    config = json.loads(_stdout_of("config", "show", "--json"))
+    assert config["registry"]["tracking_uri"] and "warehouse" in config
+    rows = json.loads(_stdout_of("log", "summary", tiny_log, "--json"))
+    assert rows and {"template", "cluster_size", "isolated_s", "slowdown"} <= set(rows[0])
+    validated = json.loads(_stdout_of("log", "validate", tiny_log, "--json"))
+    assert validated == {"file": str(tiny_log), "valid": True, "rows": rows_of(tiny_log)}
+    names = [t["name"] for t in json.loads(_stdout_of("warehouse", "templates", "--json"))]
+    assert len(names) == 22 and names[0] == "tpch-q01"
+
+
+def rows_of(path) -> int:
+    from sloctl.datasets.querylog import read_log
+
+    return len(read_log(path))
+
+
+def _stdout_of(*args) -> str:
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+def test_collect_prints_its_result_on_stdout_and_progress_on_stderr(tpch_db, tmp_path):
+    """Before: the result line went to stderr and rich's progress bars to stdout; no --json."""
+    out = tmp_path / "q.parquet"
+    args = ["collect", "--sf", "0.01", "--sizes", "1", "--workload", "isolated", "--copies", "1",
+            "--templates", "tpch-q06", "--data-dir", tpch_db.parent, "--out", out]
+    result = invoke(*args, "--json")
+    doc = _json_stdout(result)
+    assert doc["out"] == str(out) and doc["rows"] == 1 and doc["status"] == {"ok": 1}
+    assert "size1" in result.stderr or "1" in result.stderr  # the progress bar's label
+    result = invoke(*args)
+    assert result.exit_code == 0
+    assert result.stdout.startswith(f"Wrote 1 rows to {out}")
+
+
+def test_retry_sweep_prints_its_result_on_stdout():
+    """Before: the sweep's points went only to stderr; without --json stdout was empty."""
+    result = invoke("retry", "sweep", "-n", "tandem", "--rho", "0.5,1", "--no-simulate")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("tandem: end-to-end rejection")
+    assert sum("ρ 0.50" in line for line in lines) == 2 and sum("ρ 1.00" in line for line in lines) == 2
+    doc = _json_stdout(invoke("retry", "sweep", "-n", "tandem", "--rho", "0.5", "--no-simulate", "--json"))
+    assert len(doc["points"]) == 2
+
+
+# --- --out: never over a file of another kind, modes kept --------------------------------------------------------
+
+def test_out_refuses_a_file_of_another_kind_unless_force(tiny_log, tmp_path):
+    """Before: `log merge --out notes.txt` silently replaced notes.txt with a Parquet log."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    result = invoke("log", "merge", tiny_log, tiny_log, "--out", notes)
+    assert_one_line_error(result, 2, f"--out {notes}", "not a sloctl query log", "--force")
+    assert notes.read_text() == "my notes\n"
+    assert invoke("log", "merge", tiny_log, tiny_log, "--out", notes, "--force").exit_code == 0
+    assert rows_of(notes) == 2 * rows_of(tiny_log)
+    plain = tmp_path / "plain.parquet"  # Parquet, but not a query log
+    import pandas as pd
+
+    pd.DataFrame({"a": [1]}).to_parquet(plain)
+    assert_one_line_error(invoke("import", "redset", tiny_log, "--out", plain), 2, "without sloctl's log metadata")
+
+
+def test_rewriting_a_log_keeps_the_mode_of_the_file_it_replaces(tiny_log, tmp_path):
+    merged = tmp_path / "merged.parquet"
+    assert invoke("log", "merge", tiny_log, tiny_log, "--out", merged).exit_code == 0
+    merged.chmod(0o640)
+    assert invoke("log", "merge", tiny_log, tiny_log, "--out", merged).exit_code == 0  # its own kind: an update
+    assert merged.stat().st_mode & 0o777 == 0o640
+
+
+def test_out_at_a_folder_is_one_line(tiny_log, tmp_path):
+    """Before: `--out DIR` ended in IsADirectoryError tracebacks (issue 19, item 11)."""
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    assert_one_line_error(invoke("log", "merge", tiny_log, tiny_log, "--out", folder), 2, "--out", "folder")
+    assert_one_line_error(invoke("collect", "--out", folder, "--sizes", "1"), 2, "--out", "is a folder")
+    rds = tmp_path / "routes.json"
+    rds.write_text("{}")
+    result = invoke("sidecar", "bootstrap", "--service", "s", "--listen-port", "10000", "--upstream-port", "10001",
+                    "--rds-file", rds, "--out", folder)
+    assert_one_line_error(result, 2, "--out", "is a folder")
+
+
+def test_train_prints_its_table_on_stdout_and_json_only_with_json(tiny_log, tmp_path):
+    """Before: `train` always printed JSON on stdout, the metrics table beside it; now one or the other."""
+    result = invoke("train", "stage", "--log", tiny_log, "--no-register")
+    assert result.exit_code == 0, result.output
+    assert "Stage Q-error" in result.stdout and "stage: test Q-error p50" in result.stdout
+    result = invoke("train", "stage", "--log", tiny_log, "--no-register", "--json")
+    summary = _json_stdout(result)
+    assert summary["model"] == "stage" and set(summary["test"]) == {"p50", "p90", "p95"}
+    assert "Stage Q-error" in result.stderr
+
+
+def test_train_out_refuses_a_file_before_training(tiny_log, tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    result = invoke("train", "stage", "--log", tiny_log, "--no-register", "--out", notes)
+    assert_one_line_error(result, 2, f"--out {notes}", "model bundle", "--force")
+    assert notes.read_text() == "keep me" and "Q-error" not in result.output

@@ -61,7 +61,7 @@ def test_several_logs_train_exactly_like_their_merged_file(parts, tmp_path, run_
     assert run_sloctl("log", "merge", parts / "a.parquet", parts / "b.parquet", "--out", merged).returncode == 0
 
     def train(*logs) -> dict:
-        out = run_sloctl("train", "stage", "--no-register", *[arg for log in logs for arg in ("--log", log)])
+        out = run_sloctl("train", "stage", "--no-register", "--json", *[arg for log in logs for arg in ("--log", log)])
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
 

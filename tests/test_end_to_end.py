@@ -29,7 +29,7 @@ def test_a_log_trained_from_the_cli_is_served_and_routes_with_its_own_margin_and
     (tmp_path / "e2e.yaml").write_text(
         "iconq:\n  max_epochs: 2\n"
         f"serve:\n  port: {port}\n  watch_interval_s: 0.5\n  state_db: state.db\n")
-    trained = run_sloctl("train", "iconq", "--log", "log.parquet", "--config", "e2e.yaml", cwd=tmp_path)
+    trained = run_sloctl("train", "iconq", "--log", "log.parquet", "--config", "e2e.yaml", "--json", cwd=tmp_path)
     assert trained.returncode == 0, trained.stderr
     summary = json.loads(trained.stdout.strip().splitlines()[-1])
     assert summary["champion"] is True and 0 <= summary["slo_margin"] < 1

@@ -27,7 +27,7 @@ def workdir(tmp_path_factory, sim_log):
 
 @pytest.mark.slow  # about 25 s: trains Iconq+ to convergence through the CLI
 def test_train_register_evaluate_json(workdir, run_sloctl):
-    out = run_sloctl("train", "iconq", "--log", "log.parquet", "--config", "fast.yaml", cwd=workdir)
+    out = run_sloctl("train", "iconq", "--log", "log.parquet", "--config", "fast.yaml", "--json", cwd=workdir)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     assert summary["champion"] is True and summary["version"] == "1"
