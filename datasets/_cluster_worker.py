@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             timer.start()
         try:
             with lock:
-                if query_id in cancelled:  # cancelled before it started
-                    raise duckdb.InterruptException("cancelled before it started")
+                if query_id in cancelled or stopping.is_set():  # cancelled, or torn down, before it started
+                    raise duckdb.InterruptException("stopped before it started")
             rows = cur.execute(sql).fetchall()
             n_rows = len(rows)
             if fetch:
@@ -160,11 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         elif message["op"] == "stop":
             break
     stopping.set()
-    with lock:
-        for cur in running.values():
-            cur.interrupt()
-    for thread in threads:
-        thread.join(timeout=10)
+    deadline = time.monotonic() + 10
+    # an interrupt that lands just before a query starts executing is lost: repeat until every query ended
+    while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
+        with lock:
+            for cur in running.values():
+                cur.interrupt()
+        time.sleep(0.02)
     con.close()
     emit({"kind": "stopped", "t": time.monotonic()})
     return 0

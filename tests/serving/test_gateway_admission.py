@@ -1,0 +1,211 @@
+"""The gateway's admission by class and its class-aware retries (issue 22, parts 2 and 3).
+
+Admission asks a real latency model (Stage, trained on the tests' synthetic
+log; the session property ``template`` names one of its templates) whether
+a cluster meets the query's SLO.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("trino")
+
+#: about a second on one core at SF 0.01, whatever the template: a query to stop a cluster under
+SLOW_SQL = "SELECT count(*) FROM range(300000000) t(i) WHERE i % 7 = 3"
+SLOW_COUNT = len(range(3, 300000000, 7))
+
+
+@pytest.fixture(scope="module")
+def stage(sim_log):
+    from sloctl.config import load_config
+    from sloctl.training.pipeline import train_stage
+
+    return train_stage(sim_log, load_config().stage, risk_quantile=None).predictor
+
+
+def _policy(**low):
+    from sloctl.serving._gateway_policy import GatewayPolicy
+
+    return GatewayPolicy.from_doc({"classes": {
+        "high": {"priority": 2, "share": 2, "defer": False, "queue_limit": 0, "retries": 2},
+        "low": {"priority": 1, "share": 1, "defer": True, "queue_limit": 4, "max_defer_s": 0.3, "retries": 1,
+                **low},
+        "tiny": {"priority": 0, "defer": True, "queue_limit": 0}}, "default_class": "low"})
+
+
+def _served(tpch_db, stage, sim_log, **options):
+    from sloctl.datasets.querylog import template_table
+    from sloctl.serving.gateway import Gateway, GatewayOptions
+
+    options.setdefault("policy", _policy())
+    return Gateway(tpch_db, GatewayOptions(cluster_sizes=(1, 1), **options), predictor=stage,
+                   templates=template_table(sim_log))
+
+
+@pytest.fixture(scope="module")
+def served(tpch_db, stage, sim_log):
+    from sloctl.serving._gateway_app import create_gateway_app
+    from sloctl.serving.local import LocalServer
+
+    gateway = _served(tpch_db, stage, sim_log).start()
+    try:
+        with LocalServer(create_gateway_app(gateway)) as client:
+            yield gateway, client
+    finally:
+        gateway.close()
+
+
+def _run(client, klass, slo_s, sql="SELECT 42", template="t00"):
+    import trino
+
+    conn = trino.dbapi.connect(host="127.0.0.1", port=int(client.base_url.port), user="u", client_tags=[klass],
+                               session_properties={"slo_s": str(slo_s), "template": template})
+    cur = conn.cursor()
+    cur.execute(sql)
+    return cur.fetchall(), cur.query_id
+
+
+def test_the_router_admits_a_query_some_cluster_is_predicted_to_meet(served):
+    gateway, client = served
+    assert gateway.router_kind() == "stage"
+    rows, qid = _run(client, "low", 100.0)
+    q = gateway.get(qid)
+    assert rows == [[42]] and q.outcome == "admitted" and not q.forced and q.klass == "low"
+
+
+def test_low_priority_predicted_to_miss_waits_then_is_shed_with_a_clear_error(served):
+    import trino
+
+    gateway, client = served
+    with pytest.raises(trino.exceptions.TrinoQueryError) as caught:
+        _run(client, "low", 1e-4)
+    err = caught.value
+    assert err.error_name == "EXCEEDED_TIME_LIMIT" and err.error_type == "INSUFFICIENT_RESOURCES"
+    assert "shed" in err.message and "'low'" in err.message and "SLO" in err.message
+    q = gateway.get(err.query_id)
+    assert q.outcome == "shed" and q.attempts == [] and q.deferred_s >= 0.3
+
+
+def test_a_full_queue_sheds_at_once(served):
+    import trino
+
+    gateway, client = served
+    with pytest.raises(trino.exceptions.TrinoQueryError) as caught:
+        _run(client, "tiny", 1e-4)
+    assert caught.value.error_name == "QUERY_QUEUE_FULL" and "queue of class 'tiny' is full" in caught.value.message
+
+
+def test_high_priority_predicted_to_miss_is_placed_anyway(served):
+    gateway, client = served
+    forced = gateway.counts["forced"]
+    rows, qid = _run(client, "high", 1e-4)
+    q = gateway.get(qid)
+    assert rows == [[42]] and q.outcome == "admitted" and q.forced and gateway.counts["forced"] == forced + 1
+    assert q.violated  # placed, and it missed the SLO it could not meet
+
+
+def test_a_deferred_query_is_placed_once_a_cluster_is_predicted_to_meet_it(served, monkeypatch):
+    gateway, client = served
+    real, misses = gateway._meets, {"left": 3}
+
+    def meets(q, now):  # the first three looks predict a miss (clusters busy), then the model decides
+        if q.klass == "low" and misses["left"] > 0:
+            misses["left"] -= 1
+            return False
+        return real(q, now)
+
+    monkeypatch.setattr(gateway, "_meets", meets)
+    rows, qid = _run(client, "low", 100.0)
+    q = gateway.get(qid)
+    assert rows == [[42]] and q.outcome == "deferred" and q.deferred_s > 0 and misses["left"] == 0
+    counts = gateway.counts
+    assert counts["admitted"] + counts["deferred"] + counts["shed"] == counts["submitted"]
+
+
+def test_a_query_on_a_cluster_stopped_mid_run_is_retried_elsewhere_and_the_client_gets_its_rows(
+        tpch_db, stage, sim_log):
+    from sloctl.serving._gateway_app import create_gateway_app
+    from sloctl.serving.local import LocalServer
+
+    with _served(tpch_db, stage, sim_log, router="least-queued") as gateway, \
+            LocalServer(create_gateway_app(gateway)) as client:
+        out = {}
+
+        def client_query() -> None:
+            out["rows"], out["qid"] = _run(client, "high", 60.0, SLOW_SQL)
+
+        thread = threading.Thread(target=client_query)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not (running := [q for q in gateway.queries.values() if q.state == "RUNNING"]):
+            assert time.monotonic() < deadline, "the query never ran"
+            time.sleep(0.002)
+        q = running[0]
+        first = q.attempts[0]["cluster_id"]
+        gateway.pool.tear_down(first)  # stopped on purpose while the query runs there
+        thread.join(timeout=60)
+        assert out["rows"] == [[SLOW_COUNT]]
+        attempts = gateway.get(out["qid"]).attempts
+        assert [a["status"] for a in attempts] == ["error", "ok"], attempts
+        assert attempts[1]["cluster_id"] != first and gateway.counts["retries"] == 1
+        log = gateway.query_log()
+        mine = log[log["gateway_query"] == out["qid"]]
+        assert list(mine["attempt"]) == [1, 2] and list(mine["status"]) == ["error", "ok"]
+        assert gateway.status()["clusters"][0]["torn_down"] == (first == "c0")
+
+
+def test_timeouts_are_retried_on_another_cluster_up_to_the_class_limit(tpch_db, stage, sim_log):
+    import trino
+
+    from sloctl.serving._gateway_app import create_gateway_app
+    from sloctl.serving.local import LocalServer
+
+    policy = _policy(attempt_timeout_s=0.1, retries=1)
+    with _served(tpch_db, stage, sim_log, router="least-queued", policy=policy) as gateway, \
+            LocalServer(create_gateway_app(gateway)) as client:
+        with pytest.raises(trino.exceptions.TrinoQueryError) as caught:
+            _run(client, "low", 60.0, SLOW_SQL)
+        assert caught.value.error_name == "EXCEEDED_TIME_LIMIT" and "2 attempt(s)" in caught.value.message
+        attempts = gateway.get(caught.value.query_id).attempts
+        assert [a["status"] for a in attempts] == ["timeout", "timeout"]
+        assert attempts[0]["cluster_id"] != attempts[1]["cluster_id"]  # never the cluster that just failed it
+        log = gateway.query_log()
+        censored = log[log["gateway_query"] == caught.value.query_id]
+        assert list(censored["status"]) == ["timeout", "timeout"] and (censored["latency_s"] >= 0.1).all()
+        # retries off: one attempt only
+    with _served(tpch_db, stage, sim_log, router="least-queued", policy=policy, retries=False) as gateway, \
+            LocalServer(create_gateway_app(gateway)) as client:
+        with pytest.raises(trino.exceptions.TrinoQueryError) as caught:
+            _run(client, "low", 60.0, SLOW_SQL)
+        assert len(gateway.get(caught.value.query_id).attempts) == 1
+
+
+def test_policy_documents_are_checked_and_registered_policies_override_them(tmp_path):
+    from sloctl.control.credits import ClassShare
+    from sloctl.serving._gateway_policy import GatewayPolicy, load_gateway_policy
+
+    with pytest.raises(ValueError, match="'classes.low.queue_limit'"):
+        GatewayPolicy.from_doc({"classes": {"low": {"queue_limit": -1}}})
+    with pytest.raises(ValueError, match="unknown field 'colour'"):
+        GatewayPolicy.from_doc({"classes": {"low": {"colour": 1}}})
+    with pytest.raises(ValueError, match="'default_class'"):
+        GatewayPolicy.from_doc({"classes": {"low": {}}, "default_class": "high"})
+    path = tmp_path / "policy.yaml"
+    path.write_text("classes:\n  gold: {priority: 3, defer: false, retries: 3}\n  bronze: {max_defer_s: 2}\n")
+    policy = load_gateway_policy(path)
+    assert policy.default_class == "bronze" and policy.klass("nope").name == "bronze"
+
+    class Retry:
+        retries = {"gold": {"warehouse": 1, "other": 5}, "bronze": {"other": 4}}
+
+    class Admission:
+        classes = (ClassShare("gold", 1, 0.5), ClassShare("bronze", 7, 3.0))
+
+    merged = policy.with_retries(Retry(), "r").with_admission(Admission(), "a")
+    assert merged.klass("gold").retries == 1 and merged.klass("bronze").retries == 4
+    assert merged.klass("bronze").priority == 7 and merged.klass("gold").share == 0.5
+    assert merged.provenance == {"source": str(path), "retries": "r", "admission": "a"}
