@@ -44,6 +44,7 @@ __all__ = [
     "POLICIES",
     "DaySplit",
     "Forecaster",
+    "backtest_series",
     "evaluate_forecasts",
     "forecast_hourly",
     "interarrival_deciles",
@@ -387,9 +388,7 @@ def evaluate_forecasts(hourly_frame: str | Path | pd.DataFrame, instances: Itera
             skipped[_key(instance)] = "no queries in the test days"
             continue
         for spec, (name, lam) in specs.items():
-            forecast = np.stack([
-                forecast_hourly(matrix[:t], name, decay_lambda=lam or decay_lambda, max_weeks=max_weeks)
-                for t in range(len(matrix) - test_days, len(matrix))])
+            forecast = _backtest(matrix, name, lam or decay_lambda, max_weeks, test_days)
             error = float(np.abs(forecast - actual).sum())
             scores[spec][_key(instance)] = error / float(actual.sum())
             errors[spec][0] += error
@@ -405,6 +404,45 @@ def evaluate_forecasts(hourly_frame: str | Path | pd.DataFrame, instances: Itera
             "per_instance": per_instance,
         }
     return result
+
+
+def _backtest(matrix: np.ndarray, policy: str, decay_lambda: float, max_weeks: int | None,
+              test_days: int) -> np.ndarray:
+    """The last ``test_days`` rows of ``matrix`` forecast one day at a time from the days before, (test_days, 24)."""
+    import numpy as np
+
+    return np.stack([forecast_hourly(matrix[:t], policy, decay_lambda=decay_lambda, max_weeks=max_weeks)
+                     for t in range(len(matrix) - test_days, len(matrix))])
+
+
+def backtest_series(hourly_frame: str | Path | pd.DataFrame, instance: Any, policies: Sequence[str] = POLICIES,
+                    test_days: int = 14, *, decay_lambda: float = DEFAULT_DECAY,
+                    max_weeks: int | None = None) -> dict[str, Any]:
+    """One instance's test days hour by hour: the actual counts and each policy's day-ahead forecast.
+
+    The same backtest as :func:`evaluate_forecasts` (each day forecast from
+    the days before it), kept as series for a plot.
+
+    Returns:
+        ``{"instance", "start": first test date (ISO), "actual": [count per hour],
+        "forecasts": {spec: [count per hour]}}``.
+    """
+    import pandas as pd
+
+    frame = _read_hourly(hourly_frame)
+    rows = frame[frame["instance_id"] == instance]
+    if rows.empty:
+        raise WorkloadError(f"The 'instance' parameter must name an instance_id of the frame, got {instance!r}.")
+    matrix = _day_matrix(rows)
+    if len(matrix) <= test_days:
+        raise WorkloadError(f"Instance {instance} has {len(matrix)} days, not more than the {test_days} test days.")
+    start = rows["ts"].min().normalize() + pd.Timedelta(days=len(matrix) - test_days)
+    forecasts = {}
+    for spec in policies:
+        name, lam = parse_policy(spec)
+        forecasts[spec] = _backtest(matrix, name, lam or decay_lambda, max_weeks, test_days).ravel().tolist()
+    return {"instance": _key(instance), "start": start.date().isoformat(),
+            "actual": matrix[-test_days:].ravel().tolist(), "forecasts": forecasts}
 
 
 def _key(instance: Any) -> Any:

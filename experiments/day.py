@@ -95,18 +95,27 @@ def plot_day(day: dict[str, Any], path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
+    import matplotlib.ticker as ticker
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), dpi=110, sharex=True)
     for name, r in day["results"].items():
         hours = np.arange(len(r["per_hour_vr"]))
-        top.plot(hours, r["per_hour_vr"], marker="o", ms=3, label=f"{name} (VR {r['vr']:.3f})")
-        marks = np.arange(1, len(r["cumulative_cost"]) + 1)
-        bottom.plot(marks, r["cumulative_cost"], label=f"{name} (cost {r['cost']:.0f})")
-    top.set_ylabel("SLO violation rate")
-    top.set_title(f"A simulated day ({day['queries']} queries, {day['contour']} contour)")
+        top.plot(hours, 100 * np.asarray(r["per_hour_vr"], float), marker="o", ms=3,
+                 label=f"{name} (VR {r['vr']:.1%})")
+        # cumulative_cost[i] is the bill at the end of hour i (the last one at the end of the day)
+        ends = np.arange(1, len(r["cumulative_cost"]) + 1)
+        bottom.plot(ends, r["cumulative_cost"], label=f"{name} (cost {r['cost']:.0f})")
+    top.set_ylabel("SLO violation rate (% of the hour's queries)")
+    top.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}%"))
+    top.set_ylim(bottom=0)
+    top.set_title(f"A simulated day ({day['queries']} queries, {day['contour']} contour; "
+                  f"an hour lasts {day['hour_s']:.0f} s of simulated time)", fontsize=10)
     top.legend(fontsize=8)
-    bottom.set_ylabel("cumulative cost")
-    bottom.set_xlabel("hour of the day (compressed)")
+    top.grid(alpha=0.3)
+    bottom.set_ylabel("cost so far (size-1 cluster-seconds)")
+    bottom.set_xlabel("hour of the day (h)")
+    bottom.xaxis.set_major_locator(ticker.MultipleLocator(2 if day.get("hours", 24) > 12 else 1))
+    bottom.set_ylim(bottom=0)
     bottom.legend(fontsize=8)
+    bottom.grid(alpha=0.3)
     return save_figure(fig, path)

@@ -373,7 +373,8 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                           config: EndToEndConfig | None = None, seed: int = 0, quick: bool = False,
                           router: RouterSection | None = None, allow_same_log: bool = False,
                           labels: dict[str, str] | None = None,
-                          on_scenario: Callable[[dict[str, Any]], None] | None = None) -> EndToEndResult:
+                          on_scenario: Callable[[dict[str, Any]], None] | None = None,
+                          on_progress: Callable[[int, int], None] | None = None) -> EndToEndResult:
     """Run the four scenarios (§8.2): AutoSLO against the baselines, graded in the held-out world.
 
     Args:
@@ -390,6 +391,7 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
         allow_same_log: grade on a log with the training log's rows anyway.
         labels: how the world record names the logs and the model (paths).
         on_scenario: called with each scenario as it finishes (progress).
+        on_progress: called with (scenarios done, scenarios in all) as each finishes.
 
     Raises:
         ValueError: the grading log holds the training log's rows and
@@ -464,6 +466,8 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                             "wall_s": time.perf_counter() - cell_started})
             if on_scenario is not None:
                 on_scenario(scenario)
+            if on_progress is not None:
+                on_progress(len(scenarios), len(days) * len(tcfg.kappas))
     gaps = [(dt.date.fromisoformat(a) - dt.date.fromisoformat(b)).days for a, b in zip(days, days[1:], strict=False)]
     world_doc = {
         "graded_by": ("the held-out grade log's world: service demand drawn from its isolated executions per "
@@ -498,6 +502,7 @@ def plot_scenarios(result: EndToEndResult, folder: str | Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     from sloctl.datasets.analysis import save_figure
 
@@ -514,8 +519,10 @@ def plot_scenarios(result: EndToEndResult, folder: str | Path) -> list[Path]:
                        color=colours.get(name, "tab:grey"), label=name, edgecolor="black", linewidth=0.5,
                        alpha=0.8)
         ax.axvline(result.tau_target, linestyle="--", color="tab:green", label=f"τ = {result.tau_target:g}")
-        ax.set_xlabel("SLO violation rate")
+        ax.set_xlabel("SLO violation rate (% of queries)")
+        ax.xaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
         ax.set_ylabel("cost (size-1 cluster-hours)")
+        ax.grid(alpha=0.3)
         ax.set_title(f"instance {instance}, {scenario['day']}, κ={scenario['kappa']:g}\n"
                      f"graded in the held-out world", fontsize=9)
         ax.legend(fontsize=7)

@@ -60,7 +60,7 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -678,8 +678,11 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
                        config: HistoryExperimentConfig | None = None, workers: int | None = None,
                        seed: int = 0, quick: bool = False, grade_log: pd.DataFrame | None = None,
                        reactive: str = "queue", model_dir: str | Path | None = None,
-                       router: RouterSection | None = None) -> dict[str, Any]:
+                       router: RouterSection | None = None,
+                       on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Run the Table 5 grid on Redset hourly contours; returns a JSON-able dict.
+
+    ``on_progress(done, total)`` is called as each (instance, day, κ, history) cell finishes.
 
     Args:
         hourly: Redset hourly layout (``instance_id``, ``timestamp``, ``query_count``).
@@ -761,15 +764,24 @@ def history_experiment(hourly: str | Path | pd.DataFrame, log: pd.DataFrame, *,
                   for h in cfg.histories_days]
     cells.sort(key=lambda c: -c.history_days)  # longest first: better packing on the pool
     n_workers = min(workers or os.cpu_count() or 1, len(cells))
+    rows_out = []
+
+    def done(row: dict[str, Any]) -> None:
+        rows_out.append(row)
+        if on_progress is not None:
+            on_progress(len(rows_out), len(cells))
+
     if n_workers <= 1:
-        rows_out = [_run_cell(c, *args[c.instance]) for c in cells]
+        for c in cells:
+            done(_run_cell(c, *args[c.instance]))
     else:
         import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
+        from concurrent.futures import ProcessPoolExecutor, as_completed
 
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         with ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            rows_out = list(pool.map(_run_cell, cells, *zip(*(args[c.instance] for c in cells), strict=True)))
+            for future in as_completed([pool.submit(_run_cell, c, *args[c.instance]) for c in cells]):
+                done(future.result())
     rows_out.sort(key=lambda r: (r["instance"], r["day"], -r["kappa"], r["history_days"]))
     out = {
         "rows": rows_out,
@@ -793,7 +805,8 @@ def run_table5(hourly_path: str | Path, log_path: str | Path | pd.DataFrame | No
                instances: Sequence[int] | None = None, seed: int = 0, quick: bool = False,
                tune_knobs: bool = True, grade_log: pd.DataFrame | None = None, reactive: str = "queue",
                model_dir: str | Path | None = None, router: RouterSection | None = None,
-               tau_target: float | None = None) -> dict[str, Any]:
+               tau_target: float | None = None,
+               on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Table 5 from files: the Redset hourly Parquet and a query log (default: the bench log).
 
     ``log_path`` may also be a log already read (several runs merged by
@@ -821,4 +834,4 @@ def run_table5(hourly_path: str | Path, log_path: str | Path | pd.DataFrame | No
         config = dataclasses.replace(config, tau_target=tau_target)
     return history_experiment(hourly_path, log, instances=instances, n_instances=1 if quick else 3,
                               config=config, seed=seed, quick=quick, grade_log=grade_log, reactive=reactive,
-                              model_dir=model_dir, router=router)
+                              model_dir=model_dir, router=router, on_progress=on_progress)

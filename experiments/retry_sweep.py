@@ -105,7 +105,7 @@ def plot_retry_sweep(result: Mapping[str, Any], path: str | Path, title: str = "
     import matplotlib.pyplot as plt
 
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5), dpi=110)
     budgets = []
     for p in result["points"]:
         key = tuple(sorted(p["k"].items()))
@@ -122,10 +122,14 @@ def plot_retry_sweep(result: Mapping[str, Any], path: str | Path, title: str = "
             if "simulated" in pts[0]:
                 ax.plot(rho, [p["simulated"][klass] for p in pts], "o", color=line.get_color(), fillstyle="none",
                         label=f"{klass}, k={label_k}: simulation")
-    ax.set_xlabel("total offered load ρ at the bottleneck")
-    ax.set_ylabel("end-to-end rejection")
+    from matplotlib.ticker import MultipleLocator, PercentFormatter
+
+    ax.set_xlabel("offered load ρ at the bottleneck (1 = saturated; no losses, no retries)")
+    ax.set_ylabel("end-to-end rejection (% of requests)")
     ax.set_ylim(-0.02, 1.0)
+    ax.yaxis.set_major_locator(MultipleLocator(0.1))
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_title(title or "DiffTry: per-class rejection, analysis vs simulation")
     return save_figure(fig, path)

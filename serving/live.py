@@ -458,8 +458,11 @@ def run_live_through_service(url: str, token: str | None, db_path: str | Path, l
 
     The local pool starts with one size-1 cluster; with ``autoscale`` the
     AutoSLO autoscaler (planning with ``predictor``) adds one when its trigger
-    fires, and the service learns of it before its first query.
+    fires, and the service learns of it before its first query. The result
+    holds ``placements``: one row per query (cluster, start, end, violated)
+    in run-clock seconds, as the placement timeline plots them.
     """
+    import json
     import os
 
     import httpx
@@ -482,7 +485,10 @@ def run_live_through_service(url: str, token: str | None, db_path: str | Path, l
         outcome = run_live(db_path, queries, [("c0", 1)], router, minimum_s=minimum_s, sql_by_template=sql,
                            on_progress=on_progress, autoscaler=autoscaler, warmup_s=warmup_s)
         service = client.get("/v1/clusters").json()
+    placed = outcome.queries[["query_id", "template", "cluster_id", "cluster_size", "arrival_s", "start_s", "end_s",
+                              "violated"]]
     return {"queries": len(queries), "vr": outcome.violation_rate, "cost": outcome.cost,
             "spin_ups": sum(e["event"] == "spin_up" for e in outcome.events), "events": outcome.events,
+            "placements": json.loads(placed.to_json(orient="records")),
             "service": {"violation_rate": service["violation_rate"], "total_cost": service["total_cost"],
                         "model": service["model"]}}

@@ -50,6 +50,8 @@ def experiment_router_cmd(
                                       "budgets (warehouse.size_unit_cores) beside the controller's reserved core, "
                                       "instead of whole pinned cores; the log should be collected the same way."),
     live_stage: bool = typer.Option(False, "--live-stage", help="With --live: also run the Stage+cost router."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also write bar charts of VR and cost per approach and "
+                                     "scenario to this PNG (e.g. reports/NAME.png)."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Round-robin vs Stage+cost vs Iconq+ routing over 8 scenarios (λ × κ × clusters).
@@ -66,20 +68,29 @@ def experiment_router_cmd(
     if live:
         pool = tuple((f"c{i}", size) for i, size in enumerate(parse_sizes(live_clusters, "--live-clusters")))
         _experiment_router_live(log, model, db, live_copies, seed, rounds, live_load, live_kappa, shadow, as_json,
-                                cfg, clusters=pool, budgets=live_budgets, stage=live_stage)
+                                cfg, clusters=pool, budgets=live_budgets, stage=live_stage, plot=plot)
         return
     frame = read_logs(log)
     predictor = load_cli_model(model, cfg)
 
-    def progress(s: dict) -> None:
-        cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
-        echo(f"load {s['load']:.2f} (λ={s['lambda']:.2f}/s) κ={s['kappa']:g} clusters={s['clusters']}: {cells}")
+    from sloctl.core.progress import progress as progress_bar
 
     router = cli_router(cfg, predictor, frame)
     experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
                                         cost_tolerance=router.cost_tolerance, guard=router.guard,
                                         violation_spread=router.violation_spread)
-    result = router_experiment(frame, predictor, experiment, on_scenario=progress)
+    total = len(experiment.loads) * len(experiment.kappas) * len(experiment.cluster_sets)
+    with progress_bar("experiment router: scenarios", total=total) as bar:
+        def progress(s: dict) -> None:
+            cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
+            bar.log(f"load {s['load']:.2f} (λ={s['lambda']:.2f}/s) κ={s['kappa']:g} clusters={s['clusters']}: "
+                    f"{cells}")
+            bar.advance()
+
+        result = router_experiment(frame, predictor, experiment, on_scenario=progress)
+    if plot is not None:
+        _plot_scenarios(result, plot, f"experiment router: {len(result['scenarios'])} scenarios (simulated world, "
+                                      f"seed {seed})")
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -88,6 +99,14 @@ def experiment_router_cmd(
     for approach, delta in result["mean_delta"].items():
         typer.echo(f"mean Δ vs {result['baseline']}: {approach:<12} VR {delta['vr']:+.1%} (over {delta['n_vr']} "
                    f"scenarios with VR > 0; worst {delta['worst_vr']:+.1%})  cost {delta['cost']:+.1%}")
+
+
+def _plot_scenarios(result: dict, path: Path, title: str) -> None:
+    """Bar charts of VR and cost per approach, one group per scenario (experiments/plots.py)."""
+    from sloctl.experiments.plots import plot_approach_bars, scenario_label
+
+    groups = {scenario_label(s): s["results"] for s in result["scenarios"]}
+    echo(f"wrote {plot_approach_bars(groups, path, title=title)}")
 
 
 def _report_errors(result: dict) -> None:
@@ -128,7 +147,7 @@ def _live_db(db: Path | None, cfg: SloctlConfig) -> Path:
 def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies: int, seed: int, rounds: int,
                             load: float, kappa: float, shadow: bool, as_json: bool, cfg: SloctlConfig, *,
                             clusters: tuple[tuple[str, int], ...] = (("c0", 1), ("c1", 1)), budgets: bool = False,
-                            stage: bool = False) -> None:
+                            stage: bool = False, plot: Path | None = None) -> None:
     """``experiment router --live``: round-robin vs Iconq+ on live DuckDB clusters."""
     from sloctl._cli_common import load_cli_model
     from sloctl.experiments.live_warehouse import live_router_experiment
@@ -144,17 +163,26 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
     frame = read_logs(log)
     predictor = load_cli_model(model, cfg)
 
-    def progress(approach: str, done: int, total: int) -> None:
-        if done == total:
-            echo(f"{approach}: {total} queries done live")
+    from sloctl.core.progress import progress as progress_bar
 
     router = cli_router(cfg, predictor, frame)
-    result = live_router_experiment(db, frame, predictor, copies=copies, seed=seed, slo_margin=router.slo_margin,
-                                    cost_tolerance=router.cost_tolerance, guard=router.guard,
-                                    violation_spread=router.violation_spread, rounds=rounds, load=load, kappa=kappa,
-                                    shadow_baseline=shadow, on_progress=progress, clusters=clusters,
-                                    pool_options=cfg.warehouse.pool_options() if budgets else None,
-                                    stage_router=stage)
+    with progress_bar("experiment router --live", total=None) as bar:
+        def progress(approach: str, done: int, total: int) -> None:
+            bar.update(done, total=total, description=f"experiment router --live: {approach}, queries")
+            if done == total:
+                bar.log(f"{approach}: {total} queries done live")
+
+        result = live_router_experiment(db, frame, predictor, copies=copies, seed=seed,
+                                        slo_margin=router.slo_margin, cost_tolerance=router.cost_tolerance,
+                                        guard=router.guard, violation_spread=router.violation_spread, rounds=rounds,
+                                        load=load, kappa=kappa, shadow_baseline=shadow, on_progress=progress,
+                                        clusters=clusters,
+                                        pool_options=cfg.warehouse.pool_options() if budgets else None,
+                                        stage_router=stage)
+    if plot is not None:
+        from sloctl.experiments.plots import plot_approach_bars
+
+        echo(f"wrote {plot_approach_bars(result['results'], plot, title=f'experiment router --live: {rounds} rounds')}")
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -184,7 +212,7 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
 
 
 def _scaling(kind: str, log: list[Path], model: str, copies: int, seed: int, as_json: bool,
-             config: Path | None) -> None:
+             config: Path | None, plot: Path | None = None) -> None:
     from sloctl._cli_common import load_cli_model
     from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_experiment
 
@@ -194,15 +222,23 @@ def _scaling(kind: str, log: list[Path], model: str, copies: int, seed: int, as_
     frame = read_logs(log)
     predictor = load_cli_model(model, cfg)
 
-    def progress(s: dict) -> None:
-        cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
-        echo(f"load {s['load']:.2f} (λ={s['lambda']:.2f}/s) κ={s['kappa']:g} start={s['clusters']}: {cells}")
+    from sloctl.core.progress import progress as progress_bar
 
     router = cli_router(cfg, predictor, frame)
     experiment = ScalingExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
                                          cost_tolerance=router.cost_tolerance, guard=router.guard,
                                          violation_spread=router.violation_spread)
-    result = scaling_experiment(kind, frame, predictor, experiment, on_scenario=progress)
+    total = len(experiment.loads) * len(experiment.kappas) * len(experiment.start_sizes)
+    with progress_bar(f"experiment {kind}: scenarios", total=total) as bar:
+        def progress(s: dict) -> None:
+            cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
+            bar.log(f"load {s['load']:.2f} (λ={s['lambda']:.2f}/s) κ={s['kappa']:g} start={s['clusters']}: {cells}")
+            bar.advance()
+
+        result = scaling_experiment(kind, frame, predictor, experiment, on_scenario=progress)
+    if plot is not None:
+        _plot_scenarios(result, plot, f"experiment {kind}: {len(result['scenarios'])} scenarios (simulated world, "
+                                      f"seed {seed})")
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -228,6 +264,8 @@ def experiment_sizer_cmd(
     warmup_s: float = typer.Option(1.0, help="With --live: warm-up added to every real spin-up."),
     live_budgets: bool = typer.Option(False, "--live-budgets/--live-pinned", help="With --live: sizes as CPU "
                                       "budgets (warehouse.size_unit_cores) beside the controller's reserved core."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also write bar charts of VR and cost per approach and "
+                                     "scenario to this PNG (e.g. reports/NAME.png)."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Spinup Size Selector (Table 3): no-op, horizontal, vertical and add-cluster after a forced trigger.
@@ -236,7 +274,7 @@ def experiment_sizer_cmd(
     over the last 20% of the arrivals, cost billed after the 80% arrival.
     """
     if not live:
-        _scaling("sizer", log, model, copies, seed, as_json, config)
+        _scaling("sizer", log, model, copies, seed, as_json, config, plot)
         return
     _experiment_scaling_live("sizer", log, model, db, seed, warmup_s, live_budgets, as_json, config)
 
@@ -255,11 +293,13 @@ def experiment_trigger_cmd(
     warmup_s: float = typer.Option(1.0, help="With --live: warm-up added to every real spin-up."),
     live_budgets: bool = typer.Option(False, "--live-budgets/--live-pinned", help="With --live: sizes as CPU "
                                       "budgets (warehouse.size_unit_cores) beside the controller's reserved core."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also write bar charts of VR and cost per approach and "
+                                     "scenario to this PNG (e.g. reports/NAME.png)."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Spinup trigger (Table 4): no-op, Queue@N, observed-only and observed+projected (ours)."""
     if not live:
-        _scaling("trigger", log, model, copies, seed, as_json, config)
+        _scaling("trigger", log, model, copies, seed, as_json, config, plot)
         return
     _experiment_scaling_live("trigger", log, model, db, seed, warmup_s, live_budgets, as_json, config)
 
@@ -275,12 +315,18 @@ def _experiment_scaling_live(kind: str, log: list[Path], model: str, db: Path | 
     cfg = load_cli_config(config)
     frame = read_logs(log)
     predictor = load_cli_model(model, cfg)
+    from sloctl.core.progress import progress as progress_bar
+
     router = cli_router(cfg, predictor, frame)
-    result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, kind=kind, seed=seed,
-                                       slo_margin=router.slo_margin, cost_tolerance=router.cost_tolerance,
-                                       guard=router.guard, violation_spread=router.violation_spread,
-                                       warmup_s=warmup_s,
-                                       pool_options=cfg.warehouse.pool_options() if budgets else None)
+    with progress_bar(f"experiment {kind} --live", total=None) as bar:
+        def progress(approach: str, done: int, total: int) -> None:
+            bar.update(done, total=total, description=f"experiment {kind} --live: {approach}, queries")
+
+        result = live_autoscale_experiment(_live_db(db, cfg), frame, predictor, kind=kind, seed=seed,
+                                           slo_margin=router.slo_margin, cost_tolerance=router.cost_tolerance,
+                                           guard=router.guard, violation_spread=router.violation_spread,
+                                           warmup_s=warmup_s, on_progress=progress,
+                                           pool_options=cfg.warehouse.pool_options() if budgets else None)
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -406,8 +452,11 @@ def experiment_history_cmd(
         if reactive == "iconq":
             cfg = load_cli_config(config)
             regrade.update(reactive="iconq", model_dir=_model_folder(model, cfg, stack), router=cfg.router)
-        result = run_table5(hourly, read_logs(log) if log else None, instances=ids, seed=seed, quick=quick,
-                            tune_knobs=not spinups_only, tau_target=tau, **regrade)
+        from sloctl.core.progress import progress as progress_bar
+
+        with progress_bar("experiment history: cells", total=None) as bar:
+            result = run_table5(hourly, read_logs(log) if log else None, instances=ids, seed=seed, quick=quick,
+                                tune_knobs=not spinups_only, tau_target=tau, on_progress=bar.callback(), **regrade)
     if as_json:
         typer.echo(json.dumps(result, default=float))
         return
@@ -495,14 +544,18 @@ def experiment_end_to_end_cmd(
     train, grade = read_logs(train_log, "--train-log"), read_logs(grade_log, "--grade-log")
     labels = {"train_log": ",".join(map(str, train_log)), "grade_log": ",".join(map(str, grade_log)), "model": model}
 
-    def progress(s: dict) -> None:
-        cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
-        echo(f"{s['day']} κ={s['kappa']:g} (graded in the held-out world): {cells}")
+    from sloctl.core.progress import progress as progress_bar
 
     with contextlib.ExitStack() as stack:
+        bar = stack.enter_context(progress_bar("experiment end-to-end: scenarios", total=None))
+
+        def progress(s: dict) -> None:
+            cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
+            bar.log(f"{s['day']} κ={s['kappa']:g} (graded in the held-out world): {cells}")
+
         result = end_to_end_experiment(hourly, train, grade, _model_folder(model, cfg, stack), instance=instance,
                                        seed=seed, quick=quick, router=cfg.router, allow_same_log=allow_same_log,
-                                       labels=labels, on_scenario=progress)
+                                       labels=labels, on_scenario=progress, on_progress=bar.callback())
     if plots is not None and str(plots):
         for path in plot_scenarios(result, plots):
             echo(f"wrote {path}")

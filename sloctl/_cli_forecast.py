@@ -37,6 +37,26 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def _plot(hourly: Path, result: dict, path: Path, instance: int | None, test_days: int, decay_lambda: float,
+          max_weeks: int | None) -> None:
+    """Forecast vs actual for one scored instance (experiments/plots.py)."""
+    from sloctl.datasets.forecast import backtest_series
+    from sloctl.experiments.plots import plot_forecast
+
+    if instance is None:
+        if not result["instances"]:
+            raise typer.BadParameter("no instance was scored, so there is nothing to plot", param_hint="--plot")
+        instance = result["instances"][0]
+    elif instance not in result["instances"]:
+        raise typer.BadParameter(f"instance {instance} was not scored (scored: "
+                                 f"{', '.join(map(str, result['instances'])) or 'none'})", param_hint="--plot-instance")
+    series = backtest_series(hourly, instance, tuple(result["policies"]), test_days, decay_lambda=decay_lambda,
+                             max_weeks=max_weeks)
+    written = plot_forecast(series["actual"], series["forecasts"], path, start=series["start"],
+                            title=f"instance {instance}: day-ahead forecasts vs actual over the last {test_days} days")
+    typer.echo(f"wrote {written}", err=True)
+
+
 @forecast_app.command("evaluate")
 def evaluate_cmd(
     hourly: Path = typer.Option(..., "--hourly", help="Hourly counts (Parquet/CSV: instance_id, timestamp, "
@@ -49,6 +69,10 @@ def evaluate_cmd(
     decay_lambda: float = typer.Option(0.5, "--decay-lambda", help="Lambda of decay: week k weighs lambda^(k-1)."),
     max_weeks: int | None = typer.Option(None, "--max-weeks", min=1, help="Decay looks this many weeks back "
                                                                           "at most (default: all)."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also write forecast vs actual, hour by hour over the "
+                                     "test days, to this PNG (e.g. reports/forecast.png)."),
+    plot_instance: int | None = typer.Option(None, "--plot-instance", help="The instance --plot shows "
+                                             "(default: the first one scored)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Forecast each instance's last days from the days before; WAPE of the hourly counts per policy."""
@@ -59,6 +83,8 @@ def evaluate_cmd(
                                 tuple(p.strip() for p in policies.split(",") if p.strip()), test_days,
                                 decay_lambda=decay_lambda, max_weeks=max_weeks)
     result["wall_s"] = time.perf_counter() - started
+    if plot is not None:
+        _plot(hourly, result, plot, plot_instance, test_days, decay_lambda, max_weeks)
     if as_json:
         typer.echo(json.dumps(result))
         return

@@ -149,6 +149,8 @@ def evaluate_predictor_cmd(
                                    help=f"Query log to score on (its ok rows). {SEVERAL_LOGS_HELP}"),
     model: str = typer.Option("models:/iconq@champion", help="models:/NAME@ALIAS, models:/NAME/VERSION or a bundle."),
     as_json: bool = typer.Option(False, "--json", help="Print {n, q_error: {p50, p90, p95}} as JSON."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also write predicted vs actual latency (log-log, one "
+                                     "point per ok query) to this PNG (e.g. reports/evaluate.png)."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Q-error of a Stage or Iconq model on a log, each query with its logged neighbours."""
@@ -163,6 +165,15 @@ def evaluate_predictor_cmd(
     predictor = load_cli_model(model, cfg)
     check_log_schema(predictor, metadata, describe_logs(log))
     result = evaluate_predictor(predictor, frame)
+    if plot is not None:
+        from sloctl.experiments.plots import plot_predicted_vs_actual
+
+        ok = (frame["status"] == "ok").to_numpy()
+        predicted = predictor.predict(frame, neighbours="overlap")[ok]
+        written = plot_predicted_vs_actual(predicted, frame["latency_s"].to_numpy()[ok], plot,
+                                           groups=frame["cluster_size"].to_numpy()[ok],
+                                           title=f"{model} on {describe_logs(log)}")
+        echo(f"wrote {written}")
     if as_json:
         typer.echo(json.dumps({"n": result["n"], "q_error": result["q_error"],
                                "n_concurrent": result["n_concurrent"],

@@ -91,11 +91,14 @@ def simulate_cmd(
     if not duration_s > 0:
         raise typer.BadParameter(f"must be > 0; got {duration_s}", param_hint="--duration-s")
 
-    def progress(now_s: float, total_s: float, events: int) -> None:
-        if not as_json and int(10 * now_s / total_s) != int(10 * (now_s - total_s / 50) / total_s):
-            echo(f"simulated {now_s:.0f}/{total_s:.0f} s, {events} events")
+    from sloctl.core.progress import progress as progress_bar
 
-    result = simulate_network(_load(network), seed=seed, duration_s=duration_s, progress=progress).to_json()
+    spec = _load(network)
+    with progress_bar("retry simulate: simulated seconds", total=duration_s) as bar:
+        def progress(now_s: float, total_s: float, events: int) -> None:
+            bar.update(min(now_s, total_s), note=f"{events} events")
+
+        result = simulate_network(spec, seed=seed, duration_s=duration_s, progress=progress).to_json()
     if as_json:
         typer.echo(json.dumps(result))
         return
@@ -133,15 +136,20 @@ def sweep_cmd(
             raise typer.BadParameter(f"unknown class {c!r} (classes: {', '.join(spec.classes)})",
                                      param_hint="--fixed")
 
-    def show(p: dict) -> None:
-        k = ",".join(f"{c}={v}" for c, v in p["k"].items())
-        cells = "  ".join(
-            f"{c}: analysis {p['analysis'][c]:.3f}" + (f" sim {p['simulated'][c]:.3f}" if "simulated" in p else "")
-            for c in p["analysis"])
-        echo(f"ρ {p['offered_rho']:.2f}  k=({k})  {cells}")
+    from sloctl.core.progress import progress as progress_bar
 
-    result = retry_sweep(spec, loads, ks, fixed=fixed_classes, model=model, seed=seed, duration_s=duration_s,
-                         simulate=not no_simulate, on_point=show)
+    with progress_bar("retry sweep: points", total=len(loads) * len(ks)) as bar:
+        def show(p: dict) -> None:
+            k = ",".join(f"{c}={v}" for c, v in p["k"].items())
+            cells = "  ".join(
+                f"{c}: analysis {p['analysis'][c]:.3f}" + (f" sim {p['simulated'][c]:.3f}" if "simulated" in p
+                                                           else "")
+                for c in p["analysis"])
+            bar.log(f"ρ {p['offered_rho']:.2f}  k=({k})  {cells}")
+            bar.advance()
+
+        result = retry_sweep(spec, loads, ks, fixed=fixed_classes, model=model, seed=seed, duration_s=duration_s,
+                             simulate=not no_simulate, on_point=show)
     if plot is not None:
         plot_retry_sweep(result, plot, title=f"{network.stem}: end-to-end rejection ({model} vs simulation)")
         echo(f"wrote {plot}")

@@ -508,6 +508,9 @@ def run_live_cmd(
     seed: int = typer.Option(0),
     autoscale: bool = typer.Option(True, help="Run the AutoSLO autoscaler (real spin-ups)."),
     warmup_s: float = typer.Option(1.0, help="Warm-up added to every real spin-up."),
+    plot: Path | None = typer.Option(None, "--plot", help="Also write the placement timeline (each query on its "
+                                     "cluster over time, SLO misses in red, spin-ups marked) to this PNG "
+                                     "(e.g. reports/run-live.png)."),
     as_json: bool = typer.Option(False, "--json"),
     config: Path | None = ConfigOption,
 ) -> None:
@@ -524,11 +527,19 @@ def run_live_cmd(
         raise typer.BadParameter("--load and --kappa must be > 0 and --copies >= 1")
     url = url or f"http://{cfg.serve.host}:{cfg.serve.port}"
     token = os.environ.get("SLOCTL_TOKEN") or cfg.serve.token
-    result = run_live_through_service(url, token, _live_db(db, cfg), read_logs(log),
-                                      load_cli_model(model, cfg), load=load,
-                                      kappa=kappa, copies=copies, seed=seed, autoscale=autoscale, warmup_s=warmup_s,
-                                      on_progress=lambda done, total: echo(f"{done}/{total} queries done")
-                                      if done == total else None)
+    from sloctl.core.progress import progress
+
+    with progress("run-live: queries", total=None) as bar:
+        result = run_live_through_service(url, token, _live_db(db, cfg), read_logs(log),
+                                          load_cli_model(model, cfg), load=load, kappa=kappa, copies=copies,
+                                          seed=seed, autoscale=autoscale, warmup_s=warmup_s,
+                                          on_progress=bar.callback())
+    if plot is not None:
+        from sloctl.experiments.plots import plot_placements
+
+        written = plot_placements(result["placements"], plot, events=result["events"],
+                                  title=f"run-live through {url}")
+        echo(f"wrote {written}")
     if as_json:
         typer.echo(json.dumps(result))
         return
