@@ -201,6 +201,17 @@ class GatewayQuery:
                 "error": None if self.error is None else self.error.name}
 
 
+def _db_source(db_path: Path) -> dict[str, str]:
+    """``benchmark`` and ``scale_factor`` of a database named as ``sloctl warehouse generate`` names them.
+
+    They are the log's provenance (what a model trained on it covers); another name gives none.
+    """
+    import re
+
+    match = re.match(r"^(tpch|tpcds)_sf([0-9.]+)\.duckdb$", db_path.name)
+    return {} if match is None else {"benchmark": match.group(1), "scale_factor": match.group(2)}
+
+
 class _PoolBackend:
     """Autoscaler spin-ups and teardowns as real DuckDB cluster processes (readiness polled)."""
 
@@ -771,7 +782,7 @@ class Gateway:
         frame = self.query_log()
         with self._log_lock:
             return write_log(frame, self._log_path, metadata={"source": "sloctl gateway", "workload": "gateway",
-                                                              "router": self.router_kind()})
+                                                              "router": self.router_kind(), **_db_source(self.db_path)})
 
     # -- views ------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -1,0 +1,98 @@
+"""``sloctl gateway``: the SLO gateway, a Trino-protocol endpoint in front of the DuckDB clusters (docs/gateway.md)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from sloctl._cli_common import ConfigOption, bind_port, echo, load_cli_config, parse_sizes, read_logs
+
+__all__ = ["gateway_cmd", "slo_table"]
+
+
+def slo_table(log_paths: list[Path] | None, kappa: float) -> dict[str, float]:
+    """SLO per template: ``kappa`` × its largest isolated latency on size 1 in the logs (none: empty)."""
+    if not log_paths:
+        return {}
+    from sloctl.datasets.slo import slo_baselines
+
+    table = {t: kappa * s for t, s in slo_baselines(read_logs(log_paths, "--slo-log"), 1).items()}
+    if not table:
+        raise typer.BadParameter("the log has no template run alone on size 1 to set SLOs from "
+                                 "(collect an isolated workload on size 1)", param_hint="--slo-log")
+    return table
+
+
+def gateway_cmd(
+    db: Path | None = typer.Option(None, help="DuckDB database the clusters serve (default: TPC-H SF 1 in "
+                                   "warehouse.data_dir)."),
+    sizes: str = typer.Option("1,1", help="Cluster sizes, comma-separated (clusters c0, c1, ...)."),
+    router: str = typer.Option("sloctl", help="Placement: sloctl (the registered model's router), least-queued "
+                               "or random."),
+    admission: bool = typer.Option(True, help="Defer and shed by predicted SLO misses (needs a latency model)."),
+    retries: bool = typer.Option(True, help="Retry failed and timed-out attempts on another cluster."),
+    policy: Path | None = typer.Option(None, help="Gateway policy (YAML): classes, queue bounds, deferral "
+                                       "deadlines, retry limits (default: high and low, docs/gateway.md)."),
+    slo_log: list[Path] = typer.Option(None, "--slo-log", help="Query log whose isolated size-1 runs set each "
+                                       "template's SLO (x --kappa)."),
+    kappa: float = typer.Option(2.0, help="SLO = kappa x the template's largest isolated latency in --slo-log."),
+    log_dir: Path = typer.Option(Path("gateway-logs"), help="Folder the query log of every attempt is written to "
+                                 "(train on it: sloctl train iconq --log FOLDER)."),
+    templates_log: Path | None = typer.Option(None, help="Query log giving each template's plan features "
+                                              "(default: serve.templates_log, else the model bundle's)."),
+    budgets: bool = typer.Option(False, "--budgets", help="Cluster sizes as CPU budgets (warehouse.* in the "
+                                 "config) instead of pinned cores."),
+    host: str = typer.Option("127.0.0.1", help="Address. The Trino protocol has no authentication over plain "
+                             "HTTP: keep it on loopback or behind TLS."),
+    port: int = typer.Option(8081, help="Port."),
+    as_json: bool = typer.Option(False, "--json", help="Print the gateway's state at start as one JSON line."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """The SLO gateway: Trino clients connect; sloctl admits, routes, retries and logs every query."""
+    import uvicorn
+
+    from sloctl._cli_experiments import _live_db
+    from sloctl.serving._gateway_app import create_gateway_app
+    from sloctl.serving._gateway_policy import load_gateway_policy
+    from sloctl.serving.gateway import ROUTERS, Gateway, GatewayOptions
+    from sloctl.serving.runtime import load_templates_table
+
+    cfg = load_cli_config(config)
+    if router not in ROUTERS:
+        raise typer.BadParameter(f"expected one of {', '.join(ROUTERS)}; got {router!r}", param_hint="--router")
+    if not kappa > 0:
+        raise typer.BadParameter(f"must be > 0; got {kappa}", param_hint="--kappa")
+    if not 0 < port < 65536:
+        raise typer.BadParameter(f"must be in 1..65535; got {port}", param_hint="--port")
+    cluster_sizes = parse_sizes(sizes, "--sizes")
+    database = _live_db(db, cfg)
+    gateway_policy = load_gateway_policy(policy)
+    table = slo_table(slo_log, kappa)
+    templates = load_templates_table(templates_log or cfg.serve.templates_log)
+    sock = bind_port(host, port)  # a taken port is exit 2, one line, before clusters start
+    serve = cfg.serve
+    options = GatewayOptions(
+        cluster_sizes=cluster_sizes, router=router, admission=admission, retries=retries, router_cfg=cfg.router,
+        policy=gateway_policy, slo_table=table, log_dir=log_dir, tracking_uri=cfg.registry.tracking_uri,
+        model_uri=serve.model_uri, fallback_uri=serve.fallback_uri, admission_uri=serve.admission_uri,
+        retry_uri=serve.retry_uri, watch_interval_s=serve.watch_interval_s,
+        pool_options=cfg.warehouse.pool_options() if budgets else None)
+    gateway = Gateway(database, options, templates=templates).start()
+    try:
+        state = gateway.status()
+        address = f"http://{host}:{sock.getsockname()[1]}"
+        if as_json:
+            typer.echo(json.dumps({"url": address, "database": str(database), **state}))
+        else:
+            typer.echo(f"sloctl gateway (Trino protocol) on {address}: {len(cluster_sizes)} clusters "
+                       f"{list(cluster_sizes)} on {database}, router {state['router']}, admission "
+                       f"{'on' if admission else 'off'}, retries {'on' if retries else 'off'}; query log in {log_dir}/")
+        echo(f"connect: trino.dbapi.connect(host={host!r}, port={sock.getsockname()[1]}, user='me', "
+             "client_tags=['high'])")
+        server = uvicorn.Server(uvicorn.Config(create_gateway_app(gateway), host=host, port=port,
+                                               log_level="warning"))
+        server.run(sockets=[sock])
+    finally:
+        gateway.close()
