@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,17 +69,21 @@ class Progress:
         stream: where it goes (default stderr).
         every_s: in ``lines`` mode, the least time between two lines.
         clock: seconds, monotonic (tests pass a fake one).
+        heartbeat: in ``lines`` mode, also print the status every ``every_s``
+            while nothing reports (a job without callbacks still shows it is
+            alive and for how long); only with the real clock.
     """
 
     def __init__(self, description: str, total: float | None = None, *, mode: str | None = None,
                  stream: IO[str] | None = None, every_s: float = 10.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, heartbeat: bool = True) -> None:
         self.description = description
         self.total = total
         self.mode = mode
         self.stream = stream
         self.every_s = every_s
         self.clock = clock
+        self.heartbeat = heartbeat
 
     # -- lifecycle
     def __enter__(self) -> Progress:
@@ -108,9 +113,24 @@ class Progress:
                                      transient=False)
             self.bar_.start()
             self.task_ = self.bar_.add_task(self.description, total=self.total, note="")
+        self.stop_ = threading.Event()
+        self.lock_ = threading.Lock()
+        self.beat_ = None
+        if self.mode_ == "lines" and self.heartbeat and self.every_s > 0 and self.clock is time.monotonic:
+            self.beat_ = threading.Thread(target=self._beat, name="sloctl-progress", daemon=True)
+            self.beat_.start()
         return self
 
+    def _beat(self) -> None:
+        while not self.stop_.wait(self.every_s / 2):
+            with self.lock_:
+                if self.clock() - self.last_line_ >= self.every_s:
+                    self._line()
+
     def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.stop_.set()
+        if self.beat_ is not None:
+            self.beat_.join()
         if self.bar_ is not None:
             self.bar_.stop()
         elif self.mode_ == "lines" and exc_type is None:
@@ -142,8 +162,10 @@ class Progress:
         if self.bar_ is not None:
             self.bar_.update(self.task_, completed=self.completed_, total=self.total, note=self.note_,
                              description=self.description)
-        elif self.mode_ == "lines" and self.clock() - self.last_line_ >= self.every_s:
-            self._line()
+        elif self.mode_ == "lines":
+            with self.lock_:
+                if self.clock() - self.last_line_ >= self.every_s:
+                    self._line()
 
     def callback(self) -> Callable[[float, float], None]:
         """An ``on_progress(done, total)`` callback for library functions."""
@@ -169,8 +191,10 @@ class Progress:
         done = _number(self.completed_)
         if self.total:
             head = f"{done}/{_number(self.total)} ({100 * self.completed_ / self.total:.0f}%)"
-        else:
+        elif self.completed_ > 0:
             head = f"{done} done"
+        else:
+            head = "running"
         text = f"{self.description}: {head}, {format_duration(elapsed)} elapsed"
         if self.total is not None and self.completed_ < self.total:
             text += f", ETA {format_duration(self.eta_s())}"

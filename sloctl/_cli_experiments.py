@@ -368,10 +368,12 @@ def experiment_admission_cmd(
                 typer.echo(f"{name + ' middleware':<19} {path:<5} goodput {row['goodput_per_s']:7.1f}/s  "
                            f"p99 {row['p99_s'] * 1e3:8.1f} ms  dropped {row['dropped']}/{row['sent']}")
         return
+    from sloctl.core.progress import progress as progress_bar
     from sloctl.experiments.admission import admission_experiment, plot_admission
 
     echo("running 5 approaches over the load sweep, the convergence and the drop-utility runs ...")
-    result = admission_experiment(load_factor=load_factor, seed=seed, duration_s=duration_s)
+    with progress_bar("experiment admission", total=None):  # no callback there yet: elapsed time only
+        result = admission_experiment(load_factor=load_factor, seed=seed, duration_s=duration_s)
     if plots is not None and str(plots):
         for path in plot_admission(result, plots):
             echo(f"wrote {path}")

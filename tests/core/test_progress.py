@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 
 import pytest
 
@@ -94,3 +95,15 @@ def test_bad_arguments_name_the_field():
         pass
     with pytest.raises(ValueError, match="'total'"), progress("x", total=-1):
         pass
+
+
+def test_a_job_without_callbacks_still_reports_that_it_runs():
+    out = io.StringIO()
+    with progress("experiment admission", mode="lines", stream=out, every_s=0.05) as bar:
+        for _ in range(500):  # wait for the heartbeat's first line (no assertion on how long it takes)
+            if "running" in out.getvalue():
+                break
+            threading.Event().wait(0.01)
+        assert bar.beat_ is not None
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("experiment admission: running, ") and lines[-1].endswith("(done)")
