@@ -224,3 +224,17 @@ def test_end_to_end_plot_shows_vr_in_percent(tmp_path, monkeypatch):
     (ax,) = figures[0].axes
     assert ax.get_xlabel() == "SLO violation rate (% of queries)" and ax.get_ylabel() == "cost (size-1 cluster-hours)"
     assert ax.xaxis.get_major_formatter()(0.05, 0) == "5%"
+
+
+def test_interference_plot_names_counts_and_slowdown(captured):
+    from sloctl.datasets.analysis import plot_latency_vs_concurrency
+
+    log = pd.DataFrame({"status": "ok", "template": "q1", "cluster_size": 1, "cluster_id": "c0", "query_id": range(4),
+                        "start_s": [0.0, 10.0, 10.5, 11.0], "end_s": [1.0, 12.0, 12.5, 13.0],
+                        "latency_s": [1.0, 2.0, 2.0, 2.0], "arrival_s": [0.0, 10.0, 10.5, 11.0]})
+    plot_latency_vs_concurrency(log, "unused.png")
+    (ax,) = captured[0].axes
+    _assert_units(captured[0])
+    captured[0].canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert ax.get_yscale() == "log" and labels and not any("^" in t for t in labels)  # plain numbers, not 10^x
