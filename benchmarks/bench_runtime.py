@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-TOKEN = "bench-token"
+TOKEN = "bench-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CLUSTER_SIZES = (1, 1, 2, 2)
 ROUTE_TARGET_P99_MS = 15.0
@@ -260,7 +260,7 @@ async def admit_workload(port: int, *, clients: int, duration_s: float, client: 
                 counts["dropped"] += 1
                 continue
             counts["admitted"] += 1
-            status, _ = await post("/v1/release", {"class": "high"})
+            status, _ = await post("/v1/release", {"lease_id": body["lease_id"]})
             counts["requests"] += 1
             counts["errors"] += int(status != 200)
 
@@ -334,9 +334,12 @@ def asgi_profile(info: dict[str, str], n: int = 2000) -> dict[str, float]:
         target.post("/v1/admit", dependencies=deps)(endpoint)
         target.post("/v1/release", dependencies=deps)(endpoint)
 
+    last_body: list[bytes] = [b""]
+
     async def call(target: Any, path: str, body: bytes) -> int:
         sent = False
         status = 0
+        chunks: list[bytes] = []
 
         async def receive() -> dict[str, Any]:
             nonlocal sent
@@ -349,6 +352,8 @@ def asgi_profile(info: dict[str, str], n: int = 2000) -> dict[str, float]:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+            elif message["type"] == "http.response.body":
+                chunks.append(message.get("body", b""))
 
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
                  "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
@@ -356,16 +361,22 @@ def asgi_profile(info: dict[str, str], n: int = 2000) -> dict[str, float]:
                              (b"authorization", f"Bearer {TOKEN}".encode())],
                  "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
         await target(scope, receive, send)
+        last_body[0] = b"".join(chunks)
         return status
+
+    def release_body() -> bytes:
+        """The lease of the admit just answered (bare apps answer anything: any id will do)."""
+        lease = json.loads(last_body[0] or b"{}").get("lease_id") or "bare"
+        return json.dumps({"lease_id": lease, "class": "high"}).encode()
 
     async def per_request_us(target: Any) -> float:
         for _ in range(100):  # warm up
             await call(target, "/v1/admit", b'{"class": "high"}')
-            await call(target, "/v1/release", b'{"class": "high"}')
+            await call(target, "/v1/release", release_body())
         started = time.perf_counter()
         for _ in range(n):
             assert await call(target, "/v1/admit", b'{"class": "high"}') == 200
-            assert await call(target, "/v1/release", b'{"class": "high"}') == 200
+            assert await call(target, "/v1/release", release_body()) == 200
         return (time.perf_counter() - started) / (2 * n) * 1e6
 
     async def run_all() -> dict[str, float]:

@@ -15,17 +15,26 @@ runs inside a discrete-event simulator and a live server.
 
 from __future__ import annotations
 
+import heapq
 import math
 import numbers
 import random
-from collections.abc import Callable, Sequence
+import secrets
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 __all__ = [
     "ClassShare",
     "CreditController",
     "DropPenaltyUtility",
     "GoodputUtility",
+    "Lease",
+    "LeaseError",
+    "LeaseStore",
+    "LeasedCredits",
+    "MemoryLeaseStore",
     "ThroughputUtility",
     "Utility",
     "WindowStats",
@@ -171,12 +180,15 @@ class CreditController:
         classes: priority classes; empty = one class, no shedding order.
         seed: seeds the experiment order.
         relabel_by: ``"in_flight"``, ``"admitted"``, ``"received"`` or ``"none"``.
+        history_limit: control cycles kept in ``history`` and ``windows_``
+            (the newest; ``None`` keeps all, for offline studies — a
+            long-running server should bound it, see :meth:`bound_history`).
     """
 
     def __init__(self, initial_credits: int = 64, min_credits: int = 2, max_credits: int = 4096,
                  epsilon: float = 0.1, experiment_s: float = 0.002, warmup_s: float = 0.001,
                  dead_band: float = 0.02, utility: Utility | None = None, classes: Sequence[ClassShare] = (),
-                 seed: int = 0, relabel_by: str = "in_flight") -> None:
+                 seed: int = 0, relabel_by: str = "in_flight", history_limit: int | None = None) -> None:
         self.initial_credits = initial_credits
         self.min_credits = min_credits
         self.max_credits = max_credits
@@ -188,10 +200,13 @@ class CreditController:
         self.classes = tuple(classes)
         self.seed = seed
         self.relabel_by = relabel_by
+        self.history_limit = history_limit
         self._validate()
         self.thresholds_ = self._thresholds()
         self.history: list[tuple[float, int, float, float]] = []
         self.windows_: list[tuple[WindowStats, WindowStats]] = []  # (+δ, −δ) after relabelling
+        if history_limit is not None:
+            self.bound_history(history_limit)
         self._rng = random.Random(seed)
         self._pool = int(initial_credits)
         self._limit = int(initial_credits)
@@ -230,6 +245,10 @@ class CreditController:
         if self.relabel_by not in (*_RELABEL_STATS, "none"):
             raise ValueError(f"The 'relabel_by' parameter of {name} must be in_flight, admitted, received or "
                              f"none, got {self.relabel_by!r}.")
+        if self.history_limit is not None and not (isinstance(self.history_limit, numbers.Integral)
+                                                   and self.history_limit >= 1):
+            raise ValueError(f"The 'history_limit' parameter of {name} must be an integer >= 1 or None, "
+                             f"got {self.history_limit!r}.")
         names = [c.name for c in self.classes]
         if len(set(names)) != len(names):
             raise ValueError(f"The 'classes' parameter of {name} must have unique names, got {names!r}.")
@@ -241,6 +260,15 @@ class CreditController:
         total = sum(c.share for c in self.classes)
         return {c.name: 1.0 - sum(o.share for o in self.classes if o.priority > c.priority) / total
                 for c in self.classes}
+
+    def bound_history(self, limit: int) -> None:
+        """Keep only the newest ``limit`` control cycles in ``history`` and ``windows_`` from now on."""
+        if not (isinstance(limit, numbers.Integral) and limit >= 1):
+            raise ValueError(f"The 'limit' argument of {type(self).__name__}.bound_history must be an integer "
+                             f">= 1, got {limit!r}.")
+        self.history_limit = int(limit)
+        self.history = deque(self.history, maxlen=self.history_limit)  # type: ignore[assignment]
+        self.windows_ = deque(self.windows_, maxlen=self.history_limit)  # type: ignore[assignment]
 
     # -- state -----------------------------------------------------------
 
@@ -369,3 +397,179 @@ class CreditController:
         self.windows_.append((plus, minus))
         self._phase, self._phase_start, self._window = "warmup", now_s, None
         self._limit = self._pool
+
+
+# -- leases ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A credit handed to one holder until it is released or ``expires_s`` passes.
+
+    ``generation`` counts the controllers a :class:`LeasedCredits` has had
+    (a new admission policy starts a new pool); a lease of an older pool is
+    released without touching the new one.
+    """
+
+    lease_id: str
+    holder: str
+    klass: str
+    granted_s: float
+    expires_s: float
+    generation: int = 0
+
+
+class LeaseError(LookupError):
+    """A release the lease book refuses: ``reason`` is ``"unknown"`` (released, expired, never granted) or
+    ``"holder"`` (the lease is another holder's)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class LeaseStore(Protocol):
+    """Where leases live: the operations a shared store (e.g. Redis, one replica each) must offer atomically."""
+
+    def put(self, lease: Lease) -> None:
+        """Record a new lease."""
+
+    def get(self, lease_id: str) -> Lease | None:
+        """The lease with this id, or None."""
+
+    def pop(self, lease_id: str) -> Lease | None:
+        """Remove and return the lease with this id (None when there is none): exactly one caller wins."""
+
+    def pop_expired(self, now_s: float) -> list[Lease]:
+        """Remove and return every lease with ``expires_s <= now_s``."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Lease]: ...
+
+
+class MemoryLeaseStore:
+    """Leases in this process: a dict by id and a heap by expiry (stale heap entries are skipped)."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, Lease] = {}
+        self._expiry: list[tuple[float, str]] = []
+
+    def put(self, lease: Lease) -> None:
+        self._by_id[lease.lease_id] = lease
+        heapq.heappush(self._expiry, (lease.expires_s, lease.lease_id))
+
+    def get(self, lease_id: str) -> Lease | None:
+        return self._by_id.get(lease_id)
+
+    def pop(self, lease_id: str) -> Lease | None:
+        lease = self._by_id.pop(lease_id, None)
+        if not self._by_id:
+            self._expiry.clear()
+        return lease
+
+    def pop_expired(self, now_s: float) -> list[Lease]:
+        out = []
+        while self._expiry and self._expiry[0][0] <= now_s:
+            _, lease_id = heapq.heappop(self._expiry)
+            lease = self._by_id.get(lease_id)
+            if lease is not None and lease.expires_s <= now_s:
+                del self._by_id[lease_id]
+                out.append(lease)
+        return out
+
+    def __len__(self) -> int:
+        return len(self._by_id)
+
+    def __iter__(self) -> Iterator[Lease]:
+        return iter(list(self._by_id.values()))
+
+
+class LeasedCredits:
+    """A :class:`CreditController` whose credits are leases: only the lease releases itself, and it expires.
+
+    ``acquire`` takes a credit and records a :class:`Lease` (an unguessable id,
+    the holder, the class, an expiry); ``release`` needs the lease's id (and
+    its holder, when one is named): releasing twice, or a lease that is not
+    one's own, is refused instead of taking another request's credit.
+    :meth:`reclaim` returns the credits of expired leases to the pool (each
+    counts as a drop in the controller's window), so a client that never
+    releases cannot shrink the pool for good. Every method reclaims first.
+
+    Args:
+        controller: the credit pool.
+        store: where leases live (default :class:`MemoryLeaseStore`).
+        default_ttl_s: a lease's lifetime when ``acquire`` names none.
+        max_ttl_s: the longest lifetime a caller may ask for.
+        new_id: makes lease ids (default: 128 random bits, URL-safe).
+    """
+
+    def __init__(self, controller: CreditController, store: LeaseStore | None = None, *,
+                 default_ttl_s: float = 30.0, max_ttl_s: float = 600.0,
+                 new_id: Callable[[], str] = lambda: secrets.token_urlsafe(16)) -> None:
+        if not (math.isfinite(max_ttl_s) and max_ttl_s > 0):
+            raise ValueError(f"The 'max_ttl_s' parameter of LeasedCredits must be > 0, got {max_ttl_s!r}.")
+        if not (math.isfinite(default_ttl_s) and 0 < default_ttl_s <= max_ttl_s):
+            raise ValueError(f"The 'default_ttl_s' parameter of LeasedCredits must be in (0, {max_ttl_s}], "
+                             f"got {default_ttl_s!r}.")
+        self.controller = controller
+        self.store: LeaseStore = store if store is not None else MemoryLeaseStore()
+        self.default_ttl_s = default_ttl_s
+        self.max_ttl_s = max_ttl_s
+        self.new_id = new_id
+        self.generation = 0
+        self.counts = {"granted": 0, "released": 0, "expired": 0, "refused": 0}
+
+    def swap(self, controller: CreditController) -> None:
+        """Put a new pool in force; leases of the old one stay valid and release without touching it."""
+        self.controller = controller
+        self.generation += 1
+
+    def acquire(self, klass: str, holder: str, now_s: float, ttl_s: float | None = None) -> Lease | None:
+        """A lease on a credit of ``klass`` for ``holder``, or None when the pool refuses (a drop)."""
+        ttl = self.default_ttl_s if ttl_s is None else ttl_s
+        if not (math.isfinite(ttl) and 0 < ttl <= self.max_ttl_s):
+            raise ValueError(f"The 'ttl_s' argument of LeasedCredits.acquire must be in (0, {self.max_ttl_s}], "
+                             f"got {ttl_s!r}.")
+        self.reclaim(now_s)
+        if not self.controller.try_acquire(klass, now_s):
+            self.counts["refused"] += 1
+            return None
+        lease = Lease(self.new_id(), holder, klass, now_s, now_s + ttl, self.generation)
+        self.store.put(lease)
+        self.counts["granted"] += 1
+        return lease
+
+    def release(self, lease_id: str, now_s: float, *, holder: str | None = None, ok: bool = True,
+                within_slo: bool = True) -> Lease:
+        """End a lease and return its credit (``good`` if ``ok and within_slo``).
+
+        Raises:
+            LeaseError: no such lease (released, expired, never granted) or, with ``holder``, not theirs.
+        """
+        self.reclaim(now_s)
+        lease = self.store.get(lease_id)
+        if lease is None:
+            raise LeaseError(f"no lease {lease_id!r}: released already, expired, or never granted", "unknown")
+        if holder is not None and holder != lease.holder:
+            raise LeaseError(f"lease {lease_id!r} is held by another holder", "holder")
+        if self.store.pop(lease_id) is None:  # another caller released it first
+            raise LeaseError(f"no lease {lease_id!r}: released already", "unknown")
+        if lease.generation == self.generation:
+            self.controller.release(lease.klass, now_s, ok=ok, within_slo=within_slo)
+        self.counts["released"] += 1
+        return lease
+
+    def reclaim(self, now_s: float) -> list[Lease]:
+        """Return the credits of every lease expired by ``now_s`` (each a drop); the expired leases."""
+        expired = self.store.pop_expired(now_s)
+        for lease in expired:
+            if lease.generation == self.generation:
+                self.controller.record_drop(lease.klass, now_s)
+        self.counts["expired"] += len(expired)
+        return expired
+
+    @property
+    def outstanding(self) -> int:
+        """Leases not yet released nor expired."""
+        return len(self.store)

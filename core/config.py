@@ -229,6 +229,9 @@ class RouterSection:
     guard_support: bool = True
     soft_violations: bool = True
 
+    def __post_init__(self) -> None:
+        _in_range(self, "router", price_per_unit_s=(0.0, 1e9), minimum_s=(0.0, 86_400.0))
+
 
 @dataclass(frozen=True)
 class ServeSection:
@@ -261,6 +264,20 @@ class ServeSection:
             day). Plans without ``time_scale.hour_s`` read the same either way.
         spinup_delay_s: how long a scheduled spin-up takes to become ready when
             the execution-config carries no autoscaler knobs (which carry ``δ``).
+        max_body_bytes: largest request body (413 beyond, before it is read).
+        body_timeout_s: time a request body has to arrive in full (408 beyond).
+        max_connections: connections and requests the server holds at once
+            (uvicorn ``limit_concurrency``; 503 beyond).
+        keep_alive_s: idle keep-alive connections are closed after this (uvicorn).
+        max_header_bytes: largest request head (uvicorn's h11 incomplete-event limit).
+        public_max_in_flight: unauthenticated requests in progress at once
+            (``/v1/predict`` and the ``GET`` views without a token; 503 beyond).
+        predict_max_neighbours: most neighbours one ``/v1/predict`` may name
+            (bounds the CPU of one request).
+        lease_ttl_s, lease_max_ttl_s: an admission lease's default and largest
+            lifetime; an expired lease's credit is reclaimed.
+        history_limit: control-loop decisions the runtime's credit controllers keep.
+        Every value is range-checked (``ConfigError`` names the key).
     """
 
     host: str = "127.0.0.1"
@@ -279,6 +296,38 @@ class ServeSection:
     plan_epoch: str | None = None
     plan_clock: Literal["real", "compressed"] = "real"
     spinup_delay_s: float = 300.0
+    max_body_bytes: int = 65536
+    body_timeout_s: float = 5.0
+    max_connections: int = 1024
+    keep_alive_s: int = 5
+    max_header_bytes: int = 16384
+    public_max_in_flight: int = 8
+    predict_max_neighbours: int = 64
+    lease_ttl_s: float = 30.0
+    lease_max_ttl_s: float = 600.0
+    history_limit: int = 1000
+
+    def __post_init__(self) -> None:
+        _in_range(self, "serve", port=(1, 65535), max_in_flight=(1, 100_000), watch_interval_s=(0.05, 86_400.0),
+                  spinup_delay_s=(0.0, 86_400.0), max_body_bytes=(1024, 64 * 2**20), body_timeout_s=(0.05, 600.0),
+                  max_connections=(16, 100_000), keep_alive_s=(1, 300), max_header_bytes=(1024, 2**20),
+                  public_max_in_flight=(1, 1024), predict_max_neighbours=(0, 256), lease_ttl_s=(0.01, 86_400.0),
+                  lease_max_ttl_s=(0.01, 86_400.0), history_limit=(10, 1_000_000))
+        if not self.cluster_sizes or len(self.cluster_sizes) > 256 or not all(
+                1 <= s <= 1024 for s in self.cluster_sizes):
+            raise ConfigError(f"key 'serve.cluster_sizes' must list 1 to 256 sizes, each in [1, 1024], "
+                              f"got {list(self.cluster_sizes)!r}.")
+        if self.lease_ttl_s > self.lease_max_ttl_s:
+            raise ConfigError(f"key 'serve.lease_ttl_s' must be <= serve.lease_max_ttl_s ({self.lease_max_ttl_s}), "
+                              f"got {self.lease_ttl_s!r}.")
+
+
+def _in_range(section: Any, name: str, **bounds: tuple[float, float]) -> None:
+    """Refuse a field outside ``[lo, hi]`` (NaN included) with a message naming the key."""
+    for key, (lo, hi) in bounds.items():
+        value = getattr(section, key)
+        if not lo <= value <= hi:
+            raise ConfigError(f"key '{name}.{key}' must be in [{lo}, {hi}], got {value!r}.")
 
 
 def from_mapping(cls: type, raw: Any, *, source: str = "<config>", prefix: str = "") -> Any:
@@ -295,7 +344,10 @@ def from_mapping(cls: type, raw: Any, *, source: str = "<config>", prefix: str =
                 f"{source}: unknown key '{prefix}{key}' (known keys: {', '.join(names)})."
             )
         values[key] = _coerce(hints[key], value, source=source, key=f"{prefix}{key}")
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ConfigError as exc:  # a range check in the section's __post_init__: say which file
+        raise ConfigError(f"{source}: {exc}") from None
 
 
 def _coerce(tp: Any, value: Any, *, source: str, key: str) -> Any:

@@ -8,7 +8,10 @@ adapters only turn ASGI events, awaits and the clock into its calls.
 from headers and hands the request to Svalinn: a credit (``on_arrival``), the
 server's AQM (``on_enqueue``; the request waits at the server until it
 completes), completion (``on_dequeue`` + ``on_complete``) or drop
-(``on_drop``). A drop is answered ``503`` with ``Retry-After`` and a JSON body.
+(``on_drop``). A drop is answered ``503`` with ``Retry-After`` and an RFC 9457
+problem document; a bad header 422 naming it (the budget must be a finite
+number of milliseconds in [0.001, 86,400,000]: ``inf``, ``1e400``,
+``5e-324`` are refused).
 It counts decisions in Prometheus metrics. The controller runs its
 micro-experiments on the request path (``tick`` on every request), so no
 background thread is needed.
@@ -24,7 +27,6 @@ the middleware's Svalinn.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -37,6 +39,7 @@ from sloctl.control.credits import ClassShare, CreditController
 from sloctl.control.msemaphore import EpsilonGreedyTuner
 from sloctl.control.policies import AdmissionPolicy
 from sloctl.registry.store import load_policy
+from sloctl.serving.front import send_problem
 
 __all__ = ["AdmissionMiddleware", "AdmissionSettings", "AsyncMSemaphore", "MSemaphoreDropped"]
 
@@ -68,6 +71,15 @@ class AdmissionSettings:
     retry_after_s: int = 1
     exempt_paths: tuple[str, ...] = ("/healthz", "/readyz", "/metrics")
     concurrency: int = 8
+
+
+def _budget_adapter() -> Any:
+    """The header's validator: the same pydantic rules as every body field (non-finite numbers refused)."""
+    from typing import Annotated
+
+    from pydantic import Field, TypeAdapter
+
+    return TypeAdapter(Annotated[float, Field(ge=0.001, le=86_400_000, allow_inf_nan=False)])
 
 
 class _Metrics:
@@ -120,6 +132,7 @@ class AdmissionMiddleware:
         self.svalinn = svalinn
         self.clock = clock
         self.metrics = _Metrics()
+        self._budget = _budget_adapter()
 
     @property
     def controller(self) -> CreditController:
@@ -159,19 +172,23 @@ class AdmissionMiddleware:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         klass = headers.get(self.settings.class_header, self.settings.default_class)
         if klass not in self.settings.classes:
-            await _json(send, 400, {"error": f"header {self.settings.class_header!r} must be one of "
-                                             f"{', '.join(self.settings.classes)}, got {klass!r}",
-                                    "field": self.settings.class_header})
+            await send_problem(send, 422, f"header {self.settings.class_header!r} must be one of "
+                               f"{', '.join(self.settings.classes)}, got {klass[:64]!r}",
+                               field=self.settings.class_header)
             return
         raw_budget = headers.get(self.settings.budget_header)
-        try:
-            budget_ms = self.settings.default_budget_ms if raw_budget is None else float(raw_budget)
-            if not (math.isfinite(budget_ms) and budget_ms / 1000.0 > 0):
-                raise ValueError
-        except ValueError:
-            await _json(send, 400, {"error": f"header {self.settings.budget_header!r} must be a positive number of "
-                                             f"milliseconds, got {raw_budget!r}", "field": self.settings.budget_header})
-            return
+        if raw_budget is None:
+            budget_ms = self.settings.default_budget_ms
+        else:
+            from pydantic import ValidationError
+
+            try:
+                budget_ms = float(self._budget.validate_python(raw_budget.strip()))
+            except ValidationError as exc:
+                await send_problem(send, 422, f"header {self.settings.budget_header!r} must be a finite number of "
+                                   f"milliseconds in [0.001, 86400000]: {exc.errors()[0]['msg']}",
+                                   field=self.settings.budget_header)
+                return
         now = self.clock()
         svalinn = self.svalinn
         svalinn.tick(now)
@@ -209,21 +226,15 @@ class AdmissionMiddleware:
         self.svalinn.on_drop(req, now, partial=False)
         klass = req.rtype.klass
         self.metrics.decisions.labels(klass, reason).inc()
-        await _json(send, 503, {"error": "overloaded, retry later", "reason": reason, "class": klass},
-                    extra=[(b"retry-after", str(self.settings.retry_after_s).encode())])
+        await send_problem(send, 503, "overloaded, retry later", kind="overloaded", reason=reason, **{"class": klass},
+                           retry_after_s=self.settings.retry_after_s,
+                           headers=[(b"retry-after", str(self.settings.retry_after_s).encode())])
 
     def metrics_text(self) -> bytes:
         """The Prometheus exposition of this middleware's metrics."""
         from prometheus_client import generate_latest
 
         return generate_latest(self.metrics.registry)
-
-
-async def _json(send: Send, status: int, body: dict, extra: list[tuple[bytes, bytes]] | None = None) -> None:
-    payload = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers + (extra or [])})
-    await send({"type": "http.response.body", "body": payload})
 
 
 class MSemaphoreDropped(Exception):

@@ -1,78 +1,240 @@
 """``sloctl serve``: the controller runtime over HTTP (FastAPI).
 
-Endpoints (all JSON; mutating ones need ``Authorization: Bearer TOKEN``):
+Endpoints (all JSON; mutating ones need ``Authorization: Bearer TOKEN``, the OpenAPI ``bearer`` scheme):
 
 * ``POST /v1/predict`` — a query's latency on a cluster size given neighbours;
 * ``POST /v1/route`` / ``POST /v1/complete`` — the Query Router and its feedback;
 * ``GET /v1/clusters`` — the pool, running queries, accrued cost;
   ``PUT`` / ``DELETE /v1/clusters/{id}`` — a cluster spun up or retired (e.g. by the autoscaler);
-* ``POST /v1/admit`` / ``POST /v1/release`` — admission decisions (credits);
-* ``GET /v1/retry-policy`` and ``GET /v1/retry-policy/envoy?service=S`` — retry budgets;
+* ``POST /v1/admit`` / ``POST /v1/release`` — admission decisions: a lease on a credit, released by its id;
+* ``GET /v1/retry-policy`` and ``GET /v1/retry-policy/envoy?service=S`` — retry budgets, each network's by
+  ``&network=NAME`` (registered as ``retry-policy-NAME``);
 * ``GET /v1/execution-config`` — the Policy Tuner's scheduled spin-ups and autoscaler knobs, what of it is
   in force, the next scheduled spin-up and those enacted (the runtime enacts it, ``docs/serving.md``);
 * ``GET /metrics``, ``GET /healthz``, ``GET /readyz``, and ``GET /`` (status page).
 
-Bad bodies get 422 with FastAPI's JSON naming the field; refused requests a
-4xx with ``{"error": ..., "field": ...}``. The app protects itself with the
-same :class:`~sloctl.serving.admission.AdmissionMiddleware` it offers users.
+Every error is an RFC 9457 problem document (``application/problem+json``:
+``type``, ``title``, ``status``, ``detail``, and ``field`` naming the field at
+fault; a 422 lists ``errors``); the input is never echoed. Non-finite numbers
+(``NaN``, ``Infinity``, ``1e400``) are refused in every body field. Requests
+pass :class:`~sloctl.serving.front.FrontDoor` first (auth, body limits, the
+public budget); authenticated work is then admitted by the same
+:class:`~sloctl.serving.admission.AdmissionMiddleware` the runtime offers
+users. ``/docs`` is off (no CDN here): the spec is ``/openapi.json``.
 """
 
 from __future__ import annotations
 
+import hmac
 import html
 import threading
 import time
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
-from fastapi import Depends, FastAPI, Header, Path, Query, Request
+from fastapi import Depends, FastAPI, Path, Query, Request, Security
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, Field
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sloctl.control.credits import CreditController
+from sloctl.control.credits import CreditController, LeaseError
 from sloctl.serving.admission import AdmissionMiddleware, AdmissionSettings
 from sloctl.serving.envoy import envoy_route_config
+from sloctl.serving.front import PROBLEM_JSON, FrontDoor, FrontSettings, check_token, problem
 from sloctl.serving.runtime import Runtime, RuntimeError_
 
-__all__ = ["create_app"]
+__all__ = ["MAX_NEIGHBOURS", "create_app"]
+
+#: ``?network=NAME`` on the retry-policy endpoints: the policy registered as ``retry-policy-NAME``.
+_NETWORK = Query(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                 description="The network whose policy to serve (registered as retry-policy-NETWORK); "
+                             "omitted: serve.retry_uri.")
+
+MAX_NEIGHBOURS = 256  # the schema's bound; serve.predict_max_neighbours may set a lower one
+_CLUSTER_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a leading "_" is the runtime's own (``_retired``)
 
 
-class Neighbour(BaseModel):
+class _Body(BaseModel):
+    """Every request body: non-finite numbers (NaN, Infinity, 1e400) are refused with the field's name."""
+
+    model_config = ConfigDict(allow_inf_nan=False, populate_by_name=True)
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class Neighbour(_Body):
     template: str = Field(min_length=1, max_length=200)
     offset_s: float = Field(ge=-86400, le=86400, description="Arrival relative to the query (negative: before).")
 
 
-class PredictBody(BaseModel):
+class PredictBody(_Body):
     template: str = Field(min_length=1, max_length=200)
     cluster_size: int = Field(ge=1, le=1024)
-    neighbours: list[Neighbour] = Field(default_factory=list, max_length=256)
+    neighbours: list[Neighbour] = Field(default_factory=list, max_length=MAX_NEIGHBOURS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_first(cls, data: Any) -> Any:
+        # the count before any item is validated: a long list costs nothing to refuse
+        if isinstance(data, dict) and isinstance(data.get("neighbours"), list) \
+                and len(data["neighbours"]) > MAX_NEIGHBOURS:
+            raise ValueError(f"neighbours: at most {MAX_NEIGHBOURS} items, got {len(data['neighbours'])}")
+        return data
 
 
-class RouteBody(BaseModel):
+class RouteBody(_Body):
     query_id: int = Field(ge=0, le=2**62)
     template: str = Field(min_length=1, max_length=200)
     slo_s: float = Field(gt=0, le=86400)
 
 
-class CompleteBody(BaseModel):
+class CompleteBody(_Body):
     query_id: int = Field(ge=0, le=2**62)
     latency_s: float = Field(ge=0, le=86400)
-    status: Literal["ok", "failed", "timeout"] = "ok"
+    status: Literal["ok", "error", "timeout"] = Field(
+        default="ok", description="As in the query log: ok, error (the query failed) or timeout.")
 
 
-class ClusterBody(BaseModel):
+class ClusterBody(_Body):
     size: int = Field(ge=1, le=1024)
 
 
-class AdmitBody(BaseModel):
+class AdmitBody(_Body):
     klass: str = Field(default="high", alias="class", min_length=1, max_length=64)
     budget_ms: float = Field(default=1000.0, gt=0, le=86_400_000)
+    holder: str = Field(default="anonymous", min_length=1, max_length=128,
+                        description="Who holds the lease (recorded; a release naming another holder is refused).")
+    ttl_s: float | None = Field(default=None, gt=0, le=86_400,
+                                description="Lease lifetime (default serve.lease_ttl_s, at most "
+                                            "serve.lease_max_ttl_s); an expired lease's credit is reclaimed.")
 
 
-class ReleaseBody(BaseModel):
-    klass: str = Field(default="high", alias="class", min_length=1, max_length=64)
+class ReleaseBody(_Body):
+    lease_id: str = Field(min_length=1, max_length=64, description="The id /v1/admit returned.")
+    holder: str | None = Field(default=None, min_length=1, max_length=128)
     ok: bool = True
     within_slo: bool = True
+
+
+class Problem(BaseModel):
+    """An RFC 9457 problem document."""
+
+    model_config = ConfigDict(extra="allow")
+    type: str
+    title: str
+    status: int
+    detail: str
+    field: str | None = None
+
+
+class PredictOut(_Out):
+    latency_s: float | None
+    isolated_latency_s: float | None
+    model: str | None
+    model_version: str | None = None
+    fallback: bool
+    note: str | None = None
+
+
+class RouteOut(_Out):
+    query_id: int
+    cluster_id: str
+    cluster_size: int
+    predicted_latency_s: float | None
+    model: str
+    model_version: str | None
+    fallback: bool
+    guard: str | None
+    decision_ms: float
+    explanation: dict[str, dict[str, float]]
+
+
+class CompleteOut(_Out):
+    query_id: int
+    cluster_id: str
+    violated: bool
+    predicted_latency_s: float | None
+
+
+class ClusterOut(_Out):
+    cluster_id: str
+    size: int
+    running: list[int]
+    accrued_cost: float
+    origin: str | None
+    retired: bool
+
+
+class ClustersOut(_Out):
+    clusters: list[ClusterOut]
+    starting: list[dict[str, Any]]
+    total_cost: float
+    completed: int
+    violation_rate: float
+    model: str
+    reconciled: dict[str, Any]
+    events: list[dict[str, Any]]
+
+
+class PutClusterOut(_Out):
+    cluster_id: str
+    size: int
+    changed: bool
+
+
+class DeleteClusterOut(_Out):
+    cluster_id: str
+    retired: bool
+
+
+class AdmitOut(_Out):
+    admitted: bool
+    klass: str = Field(alias="class")
+    credits: int
+    in_flight: int
+    policy: str
+    lease_id: str | None = None
+    holder: str | None = None
+    expires_in_s: float | None = None
+    retry_after_s: int | None = None
+
+
+class ReleaseOut(_Out):
+    released: bool
+    lease_id: str
+    klass: str = Field(alias="class")
+    in_flight: int
+
+
+class RetryPolicyOut(_Out):
+    retries: dict[str, Any]
+    predicted: dict[str, Any]
+    source: str
+
+
+class HealthOut(_Out):
+    ok: bool
+
+
+class SlotOut(_Out):
+    uri: str
+    version: str | None
+    loaded: bool
+    error: str | None
+    swaps: int
+    load_failures: int
+
+
+class ReadyOut(_Out):
+    ready: bool
+    router: str
+    router_guard: dict[str, Any] | None
+    models: dict[str, SlotOut]
+    leases: dict[str, int]
 
 
 class _Metrics:
@@ -96,10 +258,33 @@ class _Metrics:
                                "(start, spin_up, ready, tear_down, ...), by who decided them.", ["event", "origin"],
                                registry=self.registry)
         self.scaling_seen: dict[tuple[str, str], int] = {}  # what the counter already holds of the runtime's counts
+        self.load_failures = Counter("sloctl_model_load_failures", "Registry versions that failed to load, by slot.",
+                                     ["slot"], registry=self.registry)
+        self.failures_seen: dict[str, int] = {}
+        self.leases = Gauge("sloctl_admission_leases", "Admission leases outstanding.", registry=self.registry)
+        self.lease_events = Gauge("sloctl_admission_lease_events", "Admission lease events since the start "
+                                  "(granted, released, expired, refused).", ["event"], registry=self.registry)
 
 
-def _error(status: int, message: str, field: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": message, **({"field": field} if field else {})}, status_code=status)
+def _error(status: int, message: str, field: str | None = None, **extensions: Any) -> JSONResponse:
+    return JSONResponse(problem(status, message, field=field, **extensions), status_code=status,
+                        media_type=PROBLEM_JSON)
+
+
+def _field(loc: tuple | list) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] in ("body", "query", "path", "header") and len(parts) > 1:
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for problem answers."""
+    why = {401: "missing or wrong bearer token", 404: "not found (query, cluster, lease, policy)",
+           408: "the body did not arrive in time", 409: "conflict with the runtime's state",
+           413: "body too large", 422: "invalid request (the field is named)",
+           503: "overloaded (Retry-After) or no budget left for unauthenticated requests"}
+    return {code: {"model": Problem, "description": why[code]} for code in codes}
 
 
 def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: str | None = None,
@@ -141,13 +326,21 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
             thread.join(timeout=5)
         holder["runtime"].close()
 
-    app = FastAPI(title="sloctl controller runtime", version="0.1.0", lifespan=lifespan)
+    token = check_token(token)
+    serve = cfg.serve
+    app = FastAPI(title="sloctl controller runtime", version="0.2.0", lifespan=lifespan, docs_url=None,
+                  redoc_url=None)
+    bearer = HTTPBearer(auto_error=False, description="serve.token or $SLOCTL_TOKEN")
+    expected = None if token is None else token.encode()
 
-    async def require_token(authorization: str | None = Header(default=None)) -> None:
-        if token is None:
+    async def require_token(credentials: HTTPAuthorizationCredentials | None = Security(bearer)) -> None:
+        # the front door already refused a wrong token; checked again so the app never trusts its wrapper
+        if expected is None:
             return
-        if authorization != f"Bearer {token}":
+        if credentials is None or not hmac.compare_digest(credentials.credentials.encode(), expected):
             raise _Unauthorized()
+
+    auth = [Depends(require_token)]
 
     @app.exception_handler(RuntimeError_)
     async def refused(request: Request, exc: RuntimeError_) -> JSONResponse:
@@ -155,11 +348,33 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
 
     @app.exception_handler(_Unauthorized)
     async def unauthorized(request: Request, exc: Exception) -> JSONResponse:
-        return JSONResponse({"error": "missing or wrong bearer token", "field": "authorization"}, status_code=401,
-                            headers={"www-authenticate": "Bearer"})
+        response = _error(401, "missing or wrong bearer token", "authorization")
+        response.headers["www-authenticate"] = "Bearer"
+        return response
 
-    @app.post("/v1/predict")
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"field": _field(e.get("loc", ())), "message": str(e.get("msg", "invalid"))[:300]}
+                  for e in exc.errors()[:20]]  # never the input: it may be huge, or not encodable (NaN)
+        first = errors[0] if errors else {"field": "body", "message": "invalid request"}
+        return _error(422, f"{first['field']}: {first['message']}", first["field"], errors=errors)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        response = _error(exc.status_code, str(exc.detail))
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value
+        return response
+
+    @app.exception_handler(Exception)
+    async def crashed(request: Request, exc: Exception) -> JSONResponse:
+        return _error(500, f"internal error ({type(exc).__name__})")
+
+    @app.post("/v1/predict", response_model=PredictOut, responses=_errors(408, 413, 422, 503))
     def predict(body: PredictBody) -> dict[str, Any]:
+        if len(body.neighbours) > serve.predict_max_neighbours:
+            raise RuntimeError_(f"at most {serve.predict_max_neighbours} neighbours (serve.predict_max_neighbours), "
+                                f"got {len(body.neighbours)}", field="neighbours")
         rt = runtime()
         kind = rt.latency_model()
         if kind == "round-robin":
@@ -176,73 +391,83 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         return {"latency_s": latency, "isolated_latency_s": float(predictor.stage.predict(frame)[0]), "model": kind,
                 "model_version": rt.slots[kind].version, "fallback": kind != "iconq"}
 
-    @app.post("/v1/route", dependencies=[Depends(require_token)])
+    @app.post("/v1/route", dependencies=auth, response_model=RouteOut, responses=_errors(401, 409, 413, 422, 503))
     def route(body: RouteBody) -> dict[str, Any]:
         out = runtime().route(body.query_id, body.template, body.slo_s)
         metrics.decisions.labels("route", out["model"]).inc()
         return out
 
-    @app.post("/v1/complete", dependencies=[Depends(require_token)])
+    @app.post("/v1/complete", dependencies=auth, response_model=CompleteOut,
+              responses=_errors(401, 404, 413, 422))
     def complete(body: CompleteBody) -> dict[str, Any]:
         rt = runtime()
         out = rt.complete(body.query_id, body.latency_s, body.status)
-        view = rt.clusters_view()
-        metrics.violations.set(view["violation_rate"])
-        metrics.cost.set(view["total_cost"])
+        metrics.violations.set(rt.violations / rt.completed if rt.completed else 0.0)
+        metrics.cost.set(rt.history[-1]["cost"])  # the cost complete persisted before reporting
         metrics.decisions.labels("complete", "violated" if out["violated"] else "met").inc()
         return out
 
-    @app.get("/v1/clusters")
+    @app.get("/v1/clusters", response_model=ClustersOut, responses=_errors(503))
     def clusters() -> dict[str, Any]:
         return runtime().clusters_view()
 
-    @app.put("/v1/clusters/{cluster_id}", dependencies=[Depends(require_token)])
+    @app.put("/v1/clusters/{cluster_id}", dependencies=auth, response_model=PutClusterOut,
+             responses=_errors(401, 409, 413, 422, 503))
     def put_cluster(body: ClusterBody, cluster_id: str = Path(min_length=1, max_length=64,
-                                                               pattern=r"^[A-Za-z0-9_.-]+$")) -> dict[str, Any]:
+                                                               pattern=_CLUSTER_ID)) -> dict[str, Any]:
         return runtime().put_cluster(cluster_id, body.size)
 
-    @app.delete("/v1/clusters/{cluster_id}", dependencies=[Depends(require_token)])
-    def delete_cluster(cluster_id: str = Path(min_length=1, max_length=64,
-                                             pattern=r"^[A-Za-z0-9_.-]+$")) -> dict[str, Any]:
+    @app.delete("/v1/clusters/{cluster_id}", dependencies=auth, response_model=DeleteClusterOut,
+                responses=_errors(401, 404, 409, 422, 503))
+    def delete_cluster(cluster_id: str = Path(min_length=1, max_length=64, pattern=_CLUSTER_ID)) -> dict[str, Any]:
         return runtime().delete_cluster(cluster_id)
 
     # Admission is on the hot path of every protected request: async handlers (no worker-thread hop) and a
     # lock of its own, never the router's (which a routing decision holds for milliseconds).
-    @app.post("/v1/admit", dependencies=[Depends(require_token)])
+    @app.post("/v1/admit", dependencies=auth, response_model=AdmitOut, responses=_errors(401, 413, 422, 503))
     async def admit(body: AdmitBody) -> dict[str, Any]:
         rt = runtime()
+        if body.ttl_s is not None and body.ttl_s > serve.lease_max_ttl_s:
+            raise RuntimeError_(f"ttl_s must be at most {serve.lease_max_ttl_s} (serve.lease_max_ttl_s), got "
+                                f"{body.ttl_s}", field="ttl_s")
         with rt.admission_lock:
             _check_class(rt, body.klass)
             now = rt.now_s()
-            admitted = rt.admission.try_acquire(body.klass, now)
+            lease = rt.leases.acquire(body.klass, body.holder, now, body.ttl_s)
             credits, in_flight = rt.admission.credits, rt.admission.in_flight
-        metrics.decisions.labels("admit", "admitted" if admitted else "dropped").inc()
-        return {"admitted": admitted, "class": body.klass, "credits": credits, "in_flight": in_flight,
-                "policy": rt.admission_source, **({} if admitted else {"retry_after_s": 1})}
+        metrics.decisions.labels("admit", "admitted" if lease else "dropped").inc()
+        out = {"admitted": lease is not None, "class": body.klass, "credits": credits, "in_flight": in_flight,
+               "policy": rt.admission_source}
+        if lease is None:
+            return {**out, "retry_after_s": 1}
+        return {**out, "lease_id": lease.lease_id, "holder": lease.holder, "expires_in_s": lease.expires_s - now}
 
-    @app.post("/v1/release", dependencies=[Depends(require_token)])
+    @app.post("/v1/release", dependencies=auth, response_model=ReleaseOut, responses=_errors(401, 404, 409, 413, 422))
     async def release(body: ReleaseBody) -> dict[str, Any]:
         rt = runtime()
         with rt.admission_lock:
-            _check_class(rt, body.klass)
-            if rt.admission.in_flight_of(body.klass) <= 0:
-                raise RuntimeError_(f"class {body.klass!r} holds no credit to release", status=409, field="class")
-            rt.admission.release(body.klass, rt.now_s(), ok=body.ok, within_slo=body.within_slo)
-            return {"released": True, "class": body.klass, "in_flight": rt.admission.in_flight}
+            try:
+                lease = rt.leases.release(body.lease_id, rt.now_s(), holder=body.holder, ok=body.ok,
+                                          within_slo=body.within_slo)
+            except LeaseError as exc:
+                status, field = (409, "holder") if exc.reason == "holder" else (404, "lease_id")
+                raise RuntimeError_(str(exc), status=status, field=field) from None
+            return {"released": True, "lease_id": lease.lease_id, "class": lease.klass,
+                    "in_flight": rt.admission.in_flight}
 
-    @app.get("/v1/retry-policy")
-    def retry_policy() -> Any:
+    @app.get("/v1/retry-policy", response_model=RetryPolicyOut, responses=_errors(404, 503))
+    def retry_policy(network: str | None = _NETWORK) -> Any:
         rt = runtime()
-        slot = rt.slots["retry"]
+        slot = rt.retry_slot(network)
         if slot.value is None:
             return _error(404, f"no retry policy registered at {slot.uri} (run `sloctl retry optimise`)")
         doc = slot.value.to_doc()  # a RetryPolicy
         return {"retries": doc["retries"], "predicted": doc["predicted"], "source": f"{slot.uri} v{slot.version}"}
 
-    @app.get("/v1/retry-policy/envoy")
-    def retry_policy_envoy(service: str = Query(min_length=1, max_length=200)) -> Any:
+    @app.get("/v1/retry-policy/envoy", response_model=dict[str, Any], responses=_errors(404, 422, 503))
+    def retry_policy_envoy(service: str = Query(min_length=1, max_length=200), network: str | None = _NETWORK) -> Any:
         rt = runtime()
-        slot = rt.slots["retry"]
+        slot = rt.retry_slot(network)
         if slot.value is None:
             return _error(404, f"no retry policy registered at {slot.uri} (run `sloctl retry optimise`)")
 
@@ -251,7 +476,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         except ValueError as exc:
             return _error(422, str(exc), "service")
 
-    @app.get("/v1/execution-config")
+    @app.get("/v1/execution-config", response_model=dict[str, Any], responses=_errors(404, 503))
     def execution_config() -> Any:
         rt = runtime()
         view = rt.execution_view()  # the ExecutionPlan's document, source, in_force, next_spinup, enacted, missed
@@ -274,56 +499,74 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
             for key, count in rt.enactor.counts.items():
                 metrics.scaling.labels(*key).inc(count - metrics.scaling_seen.get(key, 0))
                 metrics.scaling_seen[key] = count
+            for name, slot in rt.slots.items():
+                metrics.load_failures.labels(name).inc(slot.load_failures - metrics.failures_seen.get(name, 0))
+                metrics.failures_seen[name] = slot.load_failures
+            metrics.cost.set(rt.report_cost(rt.now_s()))
+        with rt.admission_lock:
+            rt.leases.reclaim(rt.now_s())
+            metrics.leases.set(rt.leases.outstanding)
+            for event, count in rt.leases.counts.items():
+                metrics.lease_events.labels(event).set(count)
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
-    @app.get("/healthz")
+    @app.get("/healthz", response_model=HealthOut)
     def healthz() -> dict[str, Any]:
         return {"ok": True}
 
-    @app.get("/readyz")
+    @app.get("/readyz", response_model=ReadyOut, responses=_errors(503))
     def readyz() -> Any:
         rt = holder.get("runtime")
         if rt is None:
             return _error(503, "starting")
         return {"ready": True, "router": rt.router_kind, "router_guard": rt.guard_summary(),
-                "models": {n: s.status() for n, s in rt.slots.items()}}
+                "models": {n: s.status() for n, s in rt.slots.items()},
+                "leases": {"outstanding": rt.leases.outstanding, **rt.leases.counts,
+                           "credits": rt.admission.credits, "floor": rt.admission.min_credits,
+                           "in_flight": rt.admission.in_flight}}
 
     @app.get("/", response_class=HTMLResponse)
     def status_page() -> str:
         return _status_html(runtime())
 
-    credits = CreditController(initial_credits=cfg.serve.max_in_flight, min_credits=cfg.serve.max_in_flight,
-                               max_credits=cfg.serve.max_in_flight)
+    def openapi() -> dict[str, Any]:
+        # FastAPI files every error model under application/json; ours are application/problem+json
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(title=app.title, version=app.version, routes=app.routes,
+                                 description="The sloctl controller runtime (docs/serving.md).")
+            for item in schema.get("paths", {}).values():
+                for operation in item.values():
+                    for code, response in operation.get("responses", {}).items():
+                        content = response.get("content", {})
+                        if code[:1] in "45" and "application/json" in content:
+                            content[PROBLEM_JSON] = content.pop("application/json")
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    credits = CreditController(initial_credits=serve.max_in_flight, min_credits=serve.max_in_flight,
+                               max_credits=serve.max_in_flight)
+    credits.bound_history(serve.history_limit)
     protected = AdmissionMiddleware(app, credits, AdmissionSettings(
-        classes=("high", "low"), default_class="high", default_budget_ms=10_000.0,
-        exempt_paths=("/healthz", "/readyz", "/metrics", "/", "/openapi.json", "/docs"), concurrency=8))
-    protected.fastapi = app  # the inner app, for OpenAPI and tests
-    return _Timed(protected, metrics)
+        classes=("high", "low"), default_class="high", default_budget_ms=10_000.0, exempt_paths=(), concurrency=8))
+
+    def needs_auth(route: Any) -> bool:
+        return any(d.dependency is require_token for d in getattr(route, "dependencies", ()))
+
+    front = FrontDoor(app, protected, app.routes, needs_auth, token,
+                      FrontSettings(max_body_bytes=serve.max_body_bytes, body_timeout_s=serve.body_timeout_s,
+                                    public_max_in_flight=serve.public_max_in_flight),
+                      lambda label, seconds: metrics.latency.labels(label).observe(seconds))
+    front.fastapi = app  # the inner app, for OpenAPI and tests
+    front.admission = protected
+    return front
 
 
 class _Unauthorized(Exception):
     pass
-
-
-class _Timed:
-    """Plain ASGI wrapper recording each request's server-side latency (cheaper than a Starlette middleware)."""
-
-    def __init__(self, app: Any, metrics: _Metrics) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.fastapi = app.fastapi
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        try:
-            await self.app(scope, receive, send)
-        finally:
-            path = scope.get("path", "")
-            label = path if path.startswith("/v1/") and not path.startswith("/v1/clusters/") else "other"
-            self.metrics.latency.labels(label).observe(time.perf_counter() - started)
 
 
 def _check_class(rt: Runtime, klass: str) -> None:

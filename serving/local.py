@@ -14,13 +14,29 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["LocalServer", "replay_log"]
+__all__ = ["LocalServer", "replay_log", "server_options"]
+
+
+def server_options(serve: Any) -> dict[str, Any]:
+    """uvicorn's connection limits from the ``serve:`` section (``sloctl serve`` and :class:`LocalServer` use them).
+
+    ``limit_concurrency`` caps connections plus requests in progress (503
+    beyond), ``timeout_keep_alive`` closes idle keep-alive connections and
+    ``h11_max_incomplete_event_size`` caps a request head. uvicorn has no body
+    timeout: :class:`~sloctl.serving.front.FrontDoor` enforces
+    ``serve.body_timeout_s`` and ``serve.max_body_bytes``.
+    """
+    return {"limit_concurrency": serve.max_connections, "timeout_keep_alive": serve.keep_alive_s,
+            "h11_max_incomplete_event_size": serve.max_header_bytes, "http": "h11"}
 
 
 class LocalServer:
-    """uvicorn serving ``app`` on a free loopback port; ``with LocalServer(app) as client`` yields an httpx client."""
+    """uvicorn serving ``app`` on a free loopback port; ``with LocalServer(app) as client`` yields an httpx client.
 
-    def __init__(self, app: Any, *, start_timeout_s: float = 30.0) -> None:
+    ``options`` are passed to ``uvicorn.Config`` (e.g. :func:`server_options`).
+    """
+
+    def __init__(self, app: Any, *, start_timeout_s: float = 30.0, options: dict[str, Any] | None = None) -> None:
         import uvicorn
 
         with socket.socket() as sock:
@@ -28,7 +44,8 @@ class LocalServer:
             self.port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.start_timeout_s = start_timeout_s
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                                    **(options or {})))
         self.thread = threading.Thread(target=self.server.run, name="sloctl-local-server", daemon=True)
 
     def __enter__(self):

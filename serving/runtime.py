@@ -18,10 +18,16 @@ serves, behind one lock:
   timers give accrued cost. The step itself is
   :class:`~sloctl.control.managed.ManagedPool`'s, as in the simulator and the
   live runner; the runtime adds HTTP validation, its lock and persistence.
-* **Durable state.** Running queries and accrued cost live in SQLite, written
-  on every change, so a restart reconciles: running queries are re-committed
-  (those older than ``stale_after_s`` are dropped and counted), cost carries
-  on from where it was.
+* **Durable state.** Running queries, accrued cost and the cluster set live
+  in a :class:`~sloctl.serving.state.StateStore` (SQLite), written on every
+  change; cost is written before it is reported. A restart reconciles:
+  running queries are re-committed (those older than ``stale_after_s`` are
+  dropped and counted), cost carries on from where it was, and the cluster
+  set is the one in force before (clusters added or retired at runtime too).
+* **Admission by lease.** ``/v1/admit`` hands out a
+  :class:`~sloctl.control.credits.Lease` of the admission policy's credit
+  pool (:class:`~sloctl.control.credits.LeasedCredits`): only that lease
+  releases its credit, and an expired one is reclaimed.
 * **The execution-config.** The Policy Tuner's plan in force is enacted on
   the pool (:class:`~sloctl.serving.execution.PlanEnactor`): its starting
   clusters, its scheduled spin-ups (checked at every route call and every
@@ -36,7 +42,6 @@ serves, behind one lock:
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import time
 from collections import deque
@@ -49,7 +54,7 @@ import numpy as np
 
 from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
 from sloctl.control.background import BackgroundSizer
-from sloctl.control.credits import ClassShare, CreditController
+from sloctl.control.credits import ClassShare, CreditController, LeasedCredits
 from sloctl.control.managed import ManagedPool, RunningQuery
 from sloctl.control.policies import AdmissionPolicy, ExecutionPlan, RetryPolicy
 from sloctl.control.router import ClusterState, IconqRouter, Query, StageCostRouter
@@ -57,8 +62,11 @@ from sloctl.datasets.querylog import read_log, template_table
 from sloctl.registry.routers import build_router, router_templates
 from sloctl.registry.store import connect, load_model, load_policy
 from sloctl.serving.execution import PlanEnactor
+from sloctl.serving.state import SqliteStateStore, StateStore
 
-__all__ = ["ModelSlot", "Runtime", "RuntimeError_"]
+__all__ = ["RESERVED_PREFIX", "ModelSlot", "Runtime", "RuntimeError_", "reopen_if_replaced"]
+
+RESERVED_PREFIX = "_"  # cluster ids starting with it are the runtime's own (``_retired``): never a path's
 
 
 class RuntimeError_(ValueError):
@@ -89,15 +97,21 @@ class ModelSlot:
     error: str | None = None
     loaded_at: float | None = None
     swaps: int = 0
+    load_failures: int = 0  # versions that failed to load (``sloctl_model_load_failures_total``)
 
     def refresh(self) -> bool:
-        """Load the alias's version if it moved; returns True on a swap. Never raises."""
+        """Load the alias's version if it moved; returns True on a swap. Never raises.
+
+        An alias back on the version in use clears the error of a failed
+        load; a registry file replaced since the last look (new inode, or an
+        older mtime) is reopened first.
+        """
         from mlflow import MlflowClient
         from mlflow.exceptions import MlflowException
 
-
         name, alias = _parse_uri(self.uri)
         try:
+            reopen_if_replaced(self.tracking_uri)
             connect(self.tracking_uri)
             client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
             version = str(client.get_model_version_by_alias(name, alias).version)
@@ -108,12 +122,14 @@ class ModelSlot:
             self.error = f"{type(exc).__name__}: {str(exc)[:300]}"
             return False
         if version == self.version:
+            self.error = None  # the alias names what we serve: an earlier failure is over
             return False
         try:
             uri = f"models:/{name}/{version}"
             value = (load_model(uri, tracking_uri=self.tracking_uri) if self.kind == "latency"
                      else load_policy(uri, tracking_uri=self.tracking_uri, kind=self.kind))
         except Exception as exc:  # a bad version: keep the last good one and say so
+            self.load_failures += 1
             self.error = f"version {version} failed to load ({type(exc).__name__}: {str(exc)[:300]}); " \
                          f"serving version {self.version}"
             return False
@@ -123,7 +139,40 @@ class ModelSlot:
 
     def status(self) -> dict[str, Any]:
         return {"uri": self.uri, "version": self.version, "loaded": self.value is not None, "error": self.error,
-                "swaps": self.swaps}
+                "swaps": self.swaps, "load_failures": self.load_failures}
+
+
+_REGISTRY_FILES: dict[str, tuple[int, int, int]] = {}  # tracking URI -> (device, inode, mtime_ns) last seen
+
+
+def reopen_if_replaced(tracking_uri: str) -> bool:
+    """Drop MLflow's pooled connections to a ``sqlite:///`` registry whose file was replaced; True if it did.
+
+    A file replaced by another (``mv new.db mlflow.db``: a new inode) or by an
+    older copy (mtime going back) would otherwise keep being read through
+    connections to the deleted file.
+    """
+    if not tracking_uri.startswith("sqlite:///"):
+        return False
+    import os
+
+    try:
+        st = os.stat(tracking_uri.removeprefix("sqlite:///"))
+    except OSError:
+        return False
+    seen = _REGISTRY_FILES.get(tracking_uri)
+    now = (st.st_dev, st.st_ino, st.st_mtime_ns)
+    _REGISTRY_FILES[tracking_uri] = now
+    if seen is None or (seen[:2] == now[:2] and now[2] >= seen[2]):
+        return False
+    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as TrackingStore
+
+    for store in (TrackingStore, RegistryStore):
+        engine = getattr(store, "_engine_map", {}).get(tracking_uri)
+        if engine is not None:
+            engine.dispose()  # the next query opens the file now at that path
+    return True
 
 
 class _Running:
@@ -185,6 +234,7 @@ class Runtime:
     decisions: deque = field(default_factory=lambda: deque(maxlen=50))
     history: deque = field(default_factory=lambda: deque(maxlen=500))
     clock: Callable[[], float] = time.time  # wall seconds; tests inject a fake
+    store: StateStore | None = None  # default: SqliteStateStore(state_db)
 
     def __post_init__(self) -> None:
         serve, registry = self.cfg.serve, self.cfg.registry
@@ -199,33 +249,61 @@ class Runtime:
         self.pool = ManagedPool(None, price_per_unit_s=self.cfg.router.price_per_unit_s,
                                 minimum_s=self.cfg.router.minimum_s)
         self.origin: dict[str, str] = {}  # who brought each cluster: config, operator, plan, schedule, autoscaler
-        for i, size in enumerate(serve.cluster_sizes):
-            self.pool.add_cluster(f"c{i}", size)
-            self.origin[f"c{i}"] = "config"
-        self.operator_changed_pool = False  # PUT/DELETE /v1/clusters since the start: a plan then keeps the pool
+        if self.store is None:
+            self.store = SqliteStateStore(self.state_db)
+        saved = self.store.clusters()
+        self.pool_restored = saved is not None  # the cluster set in force before a restart, not the config's
+        configured = [(f"c{i}", size, "config") for i, size in enumerate(serve.cluster_sizes)]
+        for cid, size, origin in saved if saved is not None else configured:
+            self.pool.add_cluster(cid, size)
+            self.origin[cid] = origin or "config"
+            if origin == "operator":
+                self.pool.keep.add(cid)
+        self._saved_clusters = saved
+        # PUT/DELETE /v1/clusters since the start (or before a restart): a plan then keeps the pool
+        self.operator_changed_pool = self.store.meta("operator_changed_pool") == "1"
         self.sizer = BackgroundSizer()  # the reactive autoscaler's size selector, off the routing path
         self.enactor = PlanEnactor(serve, self.pool, self.wall0, remove=self._remove_cluster, origin=self.origin)
         self._plan_slot: tuple[Any, str | None] = (None, None)  # the execution slot's value and version in force
         self.violations = 0
         self.completed = 0
-        self.reconciled = {"restored": 0, "dropped_stale": 0}
-        self._db = sqlite3.connect(self.state_db, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("CREATE TABLE IF NOT EXISTS cost (cluster_id TEXT PRIMARY KEY, accrued REAL NOT NULL)")
-        self._db.execute("CREATE TABLE IF NOT EXISTS running (query_id INTEGER PRIMARY KEY, template TEXT, "
-                         "cluster_id TEXT, arrival_wall REAL, slo_s REAL, predicted_s REAL)")
-        self.cost_offset = dict(self._db.execute("SELECT cluster_id, accrued FROM cost").fetchall())
-        for cid in list(self.cost_offset):  # clusters retired in an earlier run keep their cost
-            if cid not in self.pool.clusters and cid != "_retired":
-                self.cost_offset["_retired"] = self.cost_offset.get("_retired", 0.0) + self.cost_offset.pop(cid)
+        self.reconciled = {"restored": 0, "dropped_stale": 0, "clusters": "state" if self.pool_restored
+                           else "config"}
+        self.cost_offset = self.store.costs()
+        gone = [cid for cid in self.cost_offset if cid not in self.pool.clusters and cid != "_retired"]
+        for cid in gone:  # clusters retired in an earlier run keep their cost
+            self.cost_offset["_retired"] = self.cost_offset.get("_retired", 0.0) + self.cost_offset.pop(cid)
+        if gone:
+            self.store.save_costs([("_retired", self.cost_offset["_retired"])], delete=tuple(gone))
         self.admission = None
+        self.leases: LeasedCredits | None = None
         self.refresh()
         self._reconcile()
+        self._sync_clusters()
 
     # -- time and models -------------------------------------------------------------
     def now_s(self) -> float:
         """The runtime clock: seconds since the runtime started."""
         return self.clock() - self.wall0
+
+    def retry_slot(self, network: str | None = None) -> ModelSlot:
+        """The retry policy of ``network`` (``models:/retry-policy-<network>@champion``); ``serve.retry_uri``'s if None.
+
+        Policies are registered per network (``sloctl retry optimise``), so
+        each network's sidecars ask for theirs by name. A network's slot is
+        made on its first request and polled with the others from then on.
+        """
+        if network is None:
+            return self.slots["retry"]
+        key = f"retry-{network}"
+        with self.lock:
+            slot = self.slots.get(key)
+            if slot is None:
+                slot = ModelSlot(f"models:/{RetryPolicy.kind}-{network}@champion", self.cfg.registry.tracking_uri,
+                                 RetryPolicy.kind)
+                slot.refresh()
+                self.slots = {**self.slots, key: slot}  # a new dict: refresh() may be iterating over the old one
+        return slot
 
     def refresh(self) -> dict[str, bool]:
         """Poll every alias; rebuild the router when a latency model changed, enact a new execution-config.
@@ -243,12 +321,16 @@ class Runtime:
             if swapped["execution"]:
                 self._take_plan()
             self.tick()
+        if self.leases is not None:
+            self.reclaim_leases()
         return swapped
 
     def tick(self) -> None:
         """Enact what the execution-config in force has due now (see :class:`~sloctl.serving.execution.PlanEnactor`)."""
         with self.lock:
             self.enactor.tick(self.now_s())
+            if hasattr(self, "cost_offset"):
+                self._sync_clusters()
 
     def _take_plan(self) -> None:
         """Put the execution slot's new plan in force; one that cannot be enacted leaves the last one in force.
@@ -266,8 +348,10 @@ class Runtime:
                 raise TypeError(f"expected an {ExecutionPlan.kind} document, got {type(slot.value).__name__}")
             if slot.value.config.autoscaler is not None:
                 slot.value.config.autoscaler.validate()
-            reshape = before is None and not self.operator_changed_pool
+            reshape = before is None and not self.operator_changed_pool and not self.pool_restored
             note = None if reshape else ("the pool was changed by hand (PUT/DELETE /v1/clusters)"
+                                         if before is None and self.operator_changed_pool else
+                                         "the pool is the one in force before the restart (state_db)"
                                          if before is None else "only the first plan in force sets the pool")
             self.enactor.take(slot.value, f"{slot.uri} v{slot.version}", now, reshape=reshape, not_reshaped=note)
         except Exception as exc:  # a plan that cannot be enacted: keep serving the last one
@@ -353,23 +437,34 @@ class Runtime:
         self.pool.autoscaler = autoscaler
 
     def _build_admission(self) -> None:
-
+        """The admission policy's credit pool, handed out as leases; a new policy starts a new pool."""
+        serve = self.cfg.serve
         policy: AdmissionPolicy | None = self.slots["admission"].value
         if policy is not None:
-            self.admission = policy.controller()
+            controller = policy.controller()
             self.admission_source = f"{self.slots['admission'].uri} v{self.slots['admission'].version}"
         else:
-            self.admission = CreditController(classes=[ClassShare("high", 2), ClassShare("low", 1)])
+            controller = CreditController(classes=[ClassShare("high", 2), ClassShare("low", 1)])
             self.admission_source = f"library defaults (no {AdmissionPolicy.kind} registered)"
+        controller.bound_history(serve.history_limit)
+        self.admission = controller
+        if self.leases is None:
+            self.leases = LeasedCredits(controller, default_ttl_s=serve.lease_ttl_s, max_ttl_s=serve.lease_max_ttl_s)
+        else:
+            self.leases.swap(controller)
+
+    def reclaim_leases(self) -> int:
+        """Return the credits of expired admission leases to the pool (the watcher calls it too)."""
+        with self.admission_lock:
+            return len(self.leases.reclaim(self.now_s()))
 
     def _reconcile(self) -> None:
         now_wall = self.clock()
-        rows = self._db.execute("SELECT query_id, template, cluster_id, arrival_wall, slo_s, predicted_s "
-                                "FROM running").fetchall()
+        rows = self.store.running()
         with self.lock:
             for qid, template, cid, arrival_wall, slo_s, predicted in rows:
                 if cid not in self.pool.clusters or now_wall - arrival_wall > self.stale_after_s:
-                    self._db.execute("DELETE FROM running WHERE query_id = ?", (qid,))
+                    self.store.remove_running(qid)
                     self.reconciled["dropped_stale"] += 1
                     continue
                 arrival_s = arrival_wall - self.wall0
@@ -421,9 +516,8 @@ class Runtime:
             decision_ms = (time.perf_counter() - started) * 1e3
             cluster = self.pool.clusters[decision.cluster_id].state
             predicted = None if not np.isfinite(decision.predicted_s) else float(decision.predicted_s)
-            self._db.execute("INSERT INTO running VALUES (?, ?, ?, ?, ?, ?)",
-                             (query_id, template, cluster.cluster_id, self.wall0 + now, slo_s,
-                              predicted if predicted is not None else None))
+            self.store.add_running((query_id, template, cluster.cluster_id, self.wall0 + now, slo_s, predicted))
+            self._sync_clusters()
             out = {"query_id": query_id, "cluster_id": cluster.cluster_id, "cluster_size": cluster.size,
                    "predicted_latency_s": predicted, "model": self.router_kind,
                    "model_version": self.slots[self.router_kind].version if self.router_kind != "round-robin"
@@ -444,14 +538,25 @@ class Runtime:
             violated = status != "ok" or latency_s > r.query.slo_s
             self.completed += 1
             self.violations += int(violated)
-            self._db.execute("DELETE FROM running WHERE query_id = ?", (query_id,))
-            self._persist_cost(now)
-            self.history.append({"t": now, "vr": self.violations / self.completed, "cost": self.total_cost(now)})
+            self.store.remove_running(query_id)
+            self.history.append({"t": now, "vr": self.violations / self.completed, "cost": self.report_cost(now)})
             return {"query_id": query_id, "cluster_id": r.cluster_id, "violated": violated,
                     "predicted_latency_s": None if not np.isfinite(r.predicted_s) else r.predicted_s}
 
+    @staticmethod
+    def _check_name(cluster_id: str) -> None:
+        if cluster_id.startswith(RESERVED_PREFIX):
+            raise RuntimeError_(f"cluster ids starting with {RESERVED_PREFIX!r} are reserved, got {cluster_id!r}",
+                                field="cluster_id")
+
+    def _operator_changed(self) -> None:
+        if not self.operator_changed_pool:
+            self.operator_changed_pool = True
+            self.store.set_meta("operator_changed_pool", "1")
+
     def put_cluster(self, cluster_id: str, size: int) -> dict[str, Any]:
         """Add a cluster (or resize an idle one), e.g. after a spin-up."""
+        self._check_name(cluster_id)
         with self.lock:
             current = self.pool.clusters.get(cluster_id)
             if current is not None and current.size == size:
@@ -459,22 +564,24 @@ class Runtime:
             if current is not None:
                 self._check_idle(cluster_id)
                 self._retire_cost(cluster_id)
+                self.store.save_costs([("_retired", self.cost_offset["_retired"])], delete=(cluster_id,))
             self.pool.add_cluster(cluster_id, size, spun_up_s=self.now_s())  # a fresh timer, in place of the old one
             self.pool.keep.add(cluster_id)  # the operator's: the plan and the autoscaler leave it alone
             self.origin[cluster_id] = "operator"
-            self.operator_changed_pool = True
-            self._persist_cost(self.now_s())
+            self._operator_changed()
+            self._sync_clusters()
             return {"cluster_id": cluster_id, "size": size, "changed": True}
 
     def delete_cluster(self, cluster_id: str) -> dict[str, Any]:
         """Retire an idle cluster (its accrued cost stays in the total)."""
+        self._check_name(cluster_id)
         with self.lock:
             if cluster_id not in self.pool.clusters:
                 raise RuntimeError_(f"unknown cluster {cluster_id!r}", status=404, field="cluster_id")
             self._check_idle(cluster_id)
             self._remove_cluster(cluster_id)
-            self.operator_changed_pool = True
-            self._persist_cost(self.now_s())
+            self._operator_changed()
+            self._sync_clusters()
             return {"cluster_id": cluster_id, "retired": True}
 
     def _remove_cluster(self, cluster_id: str) -> None:
@@ -483,10 +590,15 @@ class Runtime:
         self.pool.remove_cluster(cluster_id)
         self.pool.keep.discard(cluster_id)
         self.origin.pop(cluster_id, None)
-        self._db.execute("DELETE FROM cost WHERE cluster_id = ?", (cluster_id,))
         # only the retired total: reading every timer now could move one past a restart's reconciled times
-        self._db.execute("INSERT INTO cost VALUES ('_retired', ?) ON CONFLICT(cluster_id) DO UPDATE SET accrued = "
-                         "excluded.accrued", (self.cost_offset.get("_retired", 0.0),))
+        self.store.save_costs([("_retired", self.cost_offset.get("_retired", 0.0))], delete=(cluster_id,))
+
+    def _sync_clusters(self) -> None:
+        """Save the cluster set when it changed (who added or retired a cluster does not matter)."""
+        rows = [(cid, c.size, self.origin.get(cid, "config")) for cid, c in self.pool.clusters.items()]
+        if rows != self._saved_clusters:
+            self.store.save_clusters(rows)
+            self._saved_clusters = rows
 
     def _check_idle(self, cluster_id: str) -> None:
         busy = [qid for qid, r in self.pool.running.items() if r.cluster_id == cluster_id]
@@ -507,20 +619,27 @@ class Runtime:
     def _persist_cost(self, now: float) -> None:
         rows = [(cid, self.cost(cid, now)) for cid in self.pool.clusters]
         rows.append(("_retired", self.cost_offset.get("_retired", 0.0)))
-        self._db.executemany("INSERT INTO cost VALUES (?, ?) ON CONFLICT(cluster_id) DO UPDATE SET accrued = "
-                             "excluded.accrued", rows)
+        self.store.save_costs(rows)
+
+    def report_cost(self, now: float) -> float:
+        """The total cost at ``now``, written to the state store before anyone is told (a crash cannot rewind it)."""
+        with self.lock:
+            self._persist_cost(now)
+            return self.total_cost(now)
 
     def clusters_view(self) -> dict[str, Any]:
         """The pool: ready clusters (``clusters``), those still starting, and the recent scaling events."""
         with self.lock:
             now = self.now_s()
             self.enactor.tick(now)
+            self._sync_clusters()
+            total = self.report_cost(now)
             return {"clusters": [{"cluster_id": cid, "size": c.size, "running": sorted(
                 qid for qid, r in self.pool.running.items() if r.cluster_id == cid),
                 "accrued_cost": self.cost(cid, now), "origin": self.origin.get(cid), "retired": c.retired}
                 for cid, c in self.pool.clusters.items() if c.is_ready(now)],
                 "starting": self.enactor.starting(now),
-                "total_cost": self.total_cost(now), "completed": self.completed,
+                "total_cost": total, "completed": self.completed,
                 "violation_rate": self.violations / self.completed if self.completed else 0.0,
                 "model": self.router_kind, "reconciled": dict(self.reconciled),
                 "events": list(self.enactor.events)[-50:]}
@@ -536,7 +655,8 @@ class Runtime:
         self.sizer.close()  # a sizing job under way is waited for; its result is not applied
         with self.lock:
             self._persist_cost(self.now_s())
-            self._db.close()
+            self._sync_clusters()
+            self.store.close()
 
 
 def _no_what_if(model: Any) -> Any:

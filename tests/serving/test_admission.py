@@ -34,17 +34,21 @@ def _client(app) -> httpx.AsyncClient:
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
 
 
-def test_bad_headers_get_400_naming_the_header():
+def test_bad_headers_get_422_problem_naming_the_header():
     async def run():
         async with _client(AdmissionMiddleware(_app())) as client:
             bad_class = await client.get("/work", headers={"x-priority": "urgent"})
-            bad_budget = await client.get("/work", headers={"x-slo-budget-ms": "-3"})
+            bad_budgets = [await client.get("/work", headers={"x-slo-budget-ms": raw})
+                           for raw in ("-3", "inf", "1e400", "5e-324", "nan", "-Infinity", "abc")]
             fine = await client.get("/work", headers={"x-priority": "low", "x-slo-budget-ms": "200"})
-        return bad_class, bad_budget, fine
+        return bad_class, bad_budgets, fine
 
-    bad_class, bad_budget, fine = asyncio.run(run())
-    assert bad_class.status_code == 400 and bad_class.json()["field"] == "x-priority"
-    assert bad_budget.status_code == 400 and bad_budget.json()["field"] == "x-slo-budget-ms"
+    bad_class, bad_budgets, fine = asyncio.run(run())
+    assert bad_class.status_code == 422 and bad_class.json()["field"] == "x-priority"
+    assert bad_class.headers["content-type"] == "application/problem+json"
+    for bad in bad_budgets:
+        assert bad.status_code == 422 and bad.json()["field"] == "x-slo-budget-ms", bad.text
+        assert bad.json()["status"] == 422 and bad.json()["type"].startswith("urn:sloctl:problem:")
     assert fine.status_code == 200
 
 

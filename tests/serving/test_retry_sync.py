@@ -368,9 +368,10 @@ def test_envoy_takes_a_new_registered_budget_from_sloctl_serve_without_a_restart
         routes = dump["configs"][0]["route_config"]["virtual_hosts"][0]["routes"]
         return {r["name"]: r["route"]["retry_policy"]["num_retries"] for r in routes}["class-low"]
 
-    with LocalServer(create_app(_cfg(uri, str(tmp_path / "state.db")), token="s3cret")) as client:
+    with LocalServer(create_app(_cfg(uri, str(tmp_path / "state.db")), token="s3cret-token-0123456789")) as client:
         url = str(client.base_url).rstrip("/")
-        first = _sync("--server", url, "--service", "backend", "--rds-file", str(rds), "--token", "s3cret", "--once")
+        first = _sync("--server", url, "--service", "backend", "--rds-file", str(rds), "--token",
+                      "s3cret-token-0123456789", "--once")
         assert first.exit_code == 0, first.output
         assert "changed" in first.stdout and "models:/retry-policy@champion v1" in first.stdout
         made = CliRunner().invoke(sidecar_app, ["bootstrap", "--service", "backend", "--listen-port",
@@ -387,7 +388,7 @@ def test_envoy_takes_a_new_registered_budget_from_sloctl_serve_without_a_restart
             assert _register(uri, low=3) == "2"
             wait_until(lambda: client.get("/v1/retry-policy").json()["source"].endswith("v2"),
                       "the runtime's watcher to load v2")
-            second = sync_once(url, "backend", rds, token="s3cret")
+            second = sync_once(url, "backend", rds, token="s3cret-token-0123456789")
             assert second.changed and second.source.endswith("v2") and second.num_retries["class-low"] == 3
             wait_until(lambda: low_budget() == 3, "Envoy to reload low=3 from the RDS file")
             assert proc.poll() is None and proc.pid == pid  # the same Envoy, never restarted

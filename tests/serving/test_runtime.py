@@ -11,7 +11,7 @@ from sloctl.config import load_config
 from sloctl.serving.local import LocalServer
 from sloctl.serving.runtime import load_templates_table
 
-TOKEN = "s3cret"
+TOKEN = "s3cret-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -83,10 +83,13 @@ def test_runtime_serves_every_endpoint_swaps_models_and_survives_a_restart(regis
         assert sum(len(c["running"]) for c in view["clusters"]) == 1 and view["completed"] == 1
         cost_before = view["total_cost"]
         # Admission, retry policy, metrics, status page.
-        admitted = client.post("/v1/admit", json={"class": "low", "budget_ms": 50}, headers=AUTH).json()
-        assert admitted["admitted"] is True
-        assert client.post("/v1/release", json={"class": "low"}, headers=AUTH).json()["released"]
-        assert client.post("/v1/release", json={"class": "low"}, headers=AUTH).status_code == 409
+        admitted = client.post("/v1/admit", json={"class": "low", "budget_ms": 50, "holder": "t"},
+                               headers=AUTH).json()
+        assert admitted["admitted"] is True and admitted["holder"] == "t" and admitted["expires_in_s"] > 0
+        lease = {"lease_id": admitted["lease_id"]}
+        assert client.post("/v1/release", json={**lease, "holder": "other"}, headers=AUTH).status_code == 409
+        assert client.post("/v1/release", json=lease, headers=AUTH).json()["released"]
+        assert client.post("/v1/release", json=lease, headers=AUTH).status_code == 404  # only once
         assert client.post("/v1/admit", json={"class": "vip"}, headers=AUTH).status_code == 422
         assert client.get("/v1/retry-policy").status_code == 404
         metrics = client.get("/metrics").text

@@ -19,7 +19,7 @@ import pytest
 
 from sloctl.config import load_config
 
-TOKEN = "s3cret"
+TOKEN = "s3cret-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MAX_EXAMPLES = 25
 
