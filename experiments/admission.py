@@ -26,6 +26,7 @@ from typing import Any
 
 from sloctl.control.admission import AdmitAll, Svalinn
 from sloctl.control.credits import DropPenaltyUtility, ThroughputUtility
+from sloctl.experiments.admission_bandit import bandit_experiment
 from sloctl.simulation.admission_policies import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
 from sloctl.simulation.server_sim import (
     DemandChange,
@@ -278,7 +279,8 @@ def bus_loss_sensitivity(losses: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5
 
 def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s: float = 0.2,
                          loads: Sequence[float] = SWEEP_LOADS, mixes: Sequence[str] = MIXES,
-                         sweep_duration_s: float = 0.1, bus_losses: Sequence[float] = ()) -> dict[str, Any]:
+                         sweep_duration_s: float = 0.1, bus_losses: Sequence[float] = (),
+                         bandit_seeds: Sequence[int] = tuple(range(10))) -> dict[str, Any]:
     """Run the overload comparison, the sweep over loads and mixes, the convergence and the drop-utility runs.
 
     Every goodput is graded against the bound of :func:`~sloctl.simulation.server_sim.oracle_bound`.
@@ -291,11 +293,14 @@ def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s:
         mixes: mixes of the sweep (see :data:`MIXES`); empty: no sweep.
         sweep_duration_s: simulated seconds per sweep run.
         bus_losses: γ values of :func:`bus_loss_sensitivity` (default empty: the what-if is off).
+        bandit_seeds: seeds of the m_semaphore tuners on Svalinn's own bandit curve, clean and noisy
+            (:func:`~sloctl.experiments.admission_bandit.bandit_experiment`; empty: skip).
 
     Returns:
         ``{"overload": {"load_factor", "results": {approach: {"goodput_per_s", "p99_s", "drop_rate",
         "fraction_of_oracle", ...}}}, "oracle": {...}, "baseline": "single-queue", "convergence_ms",
-        "sweep": [...], "up_to": {...}, "targets": {...}, "drop_utility": {...}, "bus_loss_sensitivity": [...]}``
+        "sweep": [...], "up_to": {...}, "targets": {...}, "bandit": {...}, "drop_utility": {...},
+        "bus_loss_sensitivity": [...]}``
         plus ``capacity_per_s``, ``slo_s`` and ``convergence`` (details of the convergence run).
     """
     config = ServerConfig()
@@ -315,6 +320,7 @@ def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s:
     return {"overload": {"load_factor": float(load_factor), "results": overload}, "oracle": bound.to_dict(),
             "baseline": "single-queue", "convergence_ms": convergence["convergence_ms"], "sweep": sweep,
             "up_to": up_to_figures(sweep) if sweep else {}, "targets": _targets(sweep) if sweep else {},
+            "bandit": bandit_experiment(seeds=bandit_seeds) if bandit_seeds else {},
             "sweep_duration_s": sweep_duration_s, "duration_s": duration_s, "seed": seed,
             "drop_utility": {"load_factor": DROP_LOAD_FACTOR, **drop_utility},
             "bus_loss_sensitivity": bus_loss_sensitivity(bus_losses, load_factor=load_factor, seed=seed,

@@ -340,55 +340,142 @@ def _experiment_scaling_live(kind: str, log: list[Path], model: str, db: Path | 
                    f"VR {outcome['vr']:.3f} cost {outcome['cost']:.1f} ({events})")
 
 
+def _admission_floats(text: str, option: str, *, low: float = 0.0) -> tuple[float, ...]:
+    try:
+        values = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated numbers like 1,2,3; got {text!r}",
+                                 param_hint=option) from None
+    if not values or any(not v > low for v in values):
+        raise typer.BadParameter(f"every value must be > {low:g}; got {text!r}", param_hint=option)
+    return values
+
+
+def _print_live(live: dict) -> None:
+    res = live["resources"]
+    bw = res["bandwidth_bytes_per_s"]
+    typer.echo(f"live, this machine ({res['cpus']} CPUs, LLC {(res['llc_bytes'] or 0) / 2**20:.0f} MiB): memory "
+               f"bandwidth {bw['1'] / 1e9:.2f} GB/s with 1 copy stream, {bw['2'] / 1e9:.2f} GB/s with 2; isolated "
+               + ", ".join(f"{p} {t * 1e3:.1f} ms" for p, t in res["isolated_s"].items()))
+    typer.echo("  rates " + ", ".join(f"{p} {r:.1f}/s (SLO {live['slo_s'][p] * 1e3:.0f} ms)"
+                                      for p, r in live["rates_per_s"].items()))
+    for control, row in live["summary"].items():
+        cells = "  ".join(f"{p}: goodput {v['goodput_per_s']:7.1f}/s p99 {v['p99_s'] * 1e3:8.1f} ms"
+                          for p, v in row.items())
+        typer.echo(f"  {control:<13} {cells}")
+    for row in live["cpu_goodput_ratio"]:
+        cells = "  ".join(f"{k} {v:.2f}x" for k, v in row.items() if k.startswith("vs_"))
+        typer.echo(f"  seed {row['seed']}: /cpu goodput svalinn {cells}; p99 within SLO: "
+                   f"{row.get('svalinn_cpu_p99_within_slo')}")
+
+
 @experiment_app.command("admission")
 def experiment_admission_cmd(
     load_factor: float = typer.Option(2.0, help="Offered load of the overload comparison, x capacity."),
     seed: int = typer.Option(0, help="Seed of arrivals and every controller."),
-    duration_s: float = typer.Option(0.2, help="Simulated seconds per run (the first quarter is warm-up)."),
+    duration_s: float = typer.Option(0.2, help="Simulated seconds of the overload comparison (first quarter: "
+                                     "warm-up)."),
+    loads: str = typer.Option("1,2,3,4,5,6", help="Loads of the sweep, x capacity, comma-separated."),
+    mixes: str = typer.Option(",".join(("50/50", "80/20", "20/80", "three-bottleneck")),
+                              help="Mixes of the sweep, comma-separated ('' to skip the sweep)."),
+    sweep_duration_s: float = typer.Option(0.1, help="Simulated seconds per sweep run."),
+    bus_loss: bool = typer.Option(False, "--bus-loss", help="Also the what-if of a bus that loses bandwidth when "
+                                  "oversubscribed (γ 0 to 0.5; the model itself keeps γ = 0)."),
+    bandit_seeds: int = typer.Option(10, help="Seeds of the m_semaphore tuners on Svalinn's bandit curve, clean "
+                                     "and noisy (0 to skip)."),
     plots: Path | None = typer.Option(Path("reports/admission"), help="Folder for the PNG plots ('' to skip)."),
-    live: bool = typer.Option(False, "--live", help="Instead, the live loopback run: a FastAPI app with a memory-"
-                              "heavy and a light endpoint, without and with the admission middleware."),
-    live_duration_s: float = typer.Option(4.0, help="With --live: seconds of load per run."),
+    live: bool = typer.Option(False, "--live", help="Also the live loopback run: an app with a CPU, a memory-"
+                              "bandwidth and a lock endpoint under no control, single-queue and Svalinn."),
+    no_sim: bool = typer.Option(False, "--no-sim", help="With --live: skip the simulated experiments."),
+    live_duration_s: float = typer.Option(60.0, help="With --live: seconds of load per control and seed."),
+    live_seeds: int = typer.Option(3, help="With --live: seeds SEED, SEED+1, ..."),
+    live_mem_mb: int = typer.Option(1024, help="With --live: MiB of each array /mem copies."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
-    """Svalinn vs none, single-queue, SEDA and Protego on the 50/50 CPU/memory workload (simulated)."""
+    """Svalinn vs none, single-queue, SEDA and Protego, graded against the goodput bound (simulated; --live too)."""
     if not load_factor > 0:
         raise typer.BadParameter(f"must be > 0; got {load_factor}", param_hint="--load-factor")
-    if not duration_s > 0:
-        raise typer.BadParameter(f"must be > 0; got {duration_s}", param_hint="--duration-s")
+    for option, value in (("--duration-s", duration_s), ("--sweep-duration-s", sweep_duration_s),
+                          ("--live-duration-s", live_duration_s)):
+        if not value > 0:
+            raise typer.BadParameter(f"must be > 0; got {value}", param_hint=option)
+    for option, value, low in (("--bandit-seeds", bandit_seeds, 0), ("--live-seeds", live_seeds, 1),
+                               ("--live-mem-mb", live_mem_mb, 1)):
+        if value < low:
+            raise typer.BadParameter(f"must be >= {low}; got {value}", param_hint=option)
+    if no_sim and not live:
+        raise typer.BadParameter("--no-sim needs --live", param_hint="--no-sim")
+    load_values = _admission_floats(loads, "--loads")
+    from sloctl.experiments.admission import MIXES
+
+    mix_values = tuple(m.strip() for m in mixes.split(",") if m.strip())
+    unknown = [m for m in mix_values if m not in MIXES]
+    if unknown:
+        raise typer.BadParameter(f"expected mixes among {', '.join(MIXES)}; got {', '.join(unknown)}",
+                                 param_hint="--mixes")
+    result: dict = {}
+    if not no_sim:
+        from sloctl.core.progress import progress as progress_bar
+        from sloctl.experiments.admission import admission_experiment, plot_admission
+
+        echo(f"running 5 approaches at {load_factor:g}x, the sweep ({len(mix_values)} mixes x {len(load_values)} "
+             "loads), the convergence, the bandit curve and the drop-utility runs ...")
+        with progress_bar("experiment admission", total=None):  # no callback there yet: elapsed time only
+            result = admission_experiment(load_factor=load_factor, seed=seed, duration_s=duration_s,
+                                          loads=load_values, mixes=mix_values, sweep_duration_s=sweep_duration_s,
+                                          bus_losses=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5) if bus_loss else (),
+                                          bandit_seeds=tuple(range(seed, seed + bandit_seeds)))
+        if plots is not None and str(plots) not in ("", "."):  # typer turns '' into Path('.')
+            for path in plot_admission(result, plots):
+                echo(f"wrote {path}")
     if live:
-        from sloctl.experiments.admission_demo import live_admission_experiment
+        from sloctl.experiments.admission_live import live_experiment
 
-        result = live_admission_experiment(duration_s=live_duration_s, seed=seed)
-        if as_json:
-            typer.echo(json.dumps(result))
-            return
-        for name in ("without", "with"):
-            for path, row in result[name].items():
-                typer.echo(f"{name + ' middleware':<19} {path:<5} goodput {row['goodput_per_s']:7.1f}/s  "
-                           f"p99 {row['p99_s'] * 1e3:8.1f} ms  dropped {row['dropped']}/{row['sent']}")
-        return
-    from sloctl.core.progress import progress as progress_bar
-    from sloctl.experiments.admission import admission_experiment, plot_admission
-
-    echo("running 5 approaches over the load sweep, the convergence and the drop-utility runs ...")
-    with progress_bar("experiment admission", total=None):  # no callback there yet: elapsed time only
-        result = admission_experiment(load_factor=load_factor, seed=seed, duration_s=duration_s)
-    if plots is not None and str(plots):
-        for path in plot_admission(result, plots):
-            echo(f"wrote {path}")
+        echo(f"live: measuring the machine, then 3 controls x {live_seeds} seeds x {live_duration_s:g} s ...")
+        result["live"] = live_experiment(duration_s=live_duration_s, seeds=tuple(range(seed, seed + live_seeds)),
+                                         mem_mb=live_mem_mb)
     if as_json:
         typer.echo(json.dumps(result, default=float))
         return
+    if not no_sim:
+        _print_admission_sim(result)
+    if live:
+        _print_live(result["live"])
+
+
+def _print_admission_sim(result: dict) -> None:
     base = result["overload"]["results"][result["baseline"]]
-    typer.echo(f"load {result['overload']['load_factor']:g}x capacity ({result['capacity_per_s']:.0f} req/s):")
+    typer.echo(f"load {result['overload']['load_factor']:g}x capacity ({result['capacity_per_s']:.0f} req/s), "
+               "goodput bound " + ", ".join(f"{t} {g / 1e3:.1f}k/s" for t, g in
+                                            result["oracle"]["goodput_per_s"].items()) + ":")
     for approach, row in result["overload"]["results"].items():
-        cells = "  ".join(f"{t}: goodput {g / 1e3:7.1f}k/s ({g / base['goodput_per_s'][t]:.2f}x) "
-                          f"p99 {row['p99_s'][t] * 1e6:9.1f} µs (SLO {result['slo_s'][t] * 1e6:.0f})"
-                          if base["goodput_per_s"][t] else f"{t}: goodput {g / 1e3:7.1f}k/s"
+        cells = "  ".join(f"{t}: goodput {g / 1e3:7.1f}k/s ({row['fraction_of_oracle'][t]:.2f} of bound"
+                          + (f", {g / base['goodput_per_s'][t]:.2f}x" if base["goodput_per_s"][t] else "")
+                          + f") p99 {row['p99_s'][t] * 1e6:9.1f} µs (SLO {result['slo_s'][t] * 1e6:.0f})"
                           for t, g in row["goodput_per_s"].items())
         typer.echo(f"  {approach:<13} {cells}  drops {row['drop_rate']:.1%}")
+    for row in result["sweep"]:
+        cells = "  ".join(f"{a} " + "/".join(f"{f:.2f}" for f in r["fraction_of_oracle"].values())
+                          for a, r in row["results"].items())
+        typer.echo(f"  sweep {row['mix']:<16} {row['load_factor']:g}x, fraction of bound per class "
+                   f"({'/'.join(row['oracle']['goodput_per_s'])}): {cells}")
+    for mix, entry in result["up_to"].items():
+        ratios = entry["ratios"]
+        cells = "  ".join(f"vs {b}: " + ", ".join(f"{k} up to {v['ratio']:.2f}x at {v['load_factor']:g}x"
+                                                  for k, v in per.items() if v["ratio"] == v["ratio"])
+                          for b, per in ratios.items() if b in ("single-queue", "protego"))
+        worst = entry["min_fraction_of_oracle"]
+        typer.echo(f"  {mix}: svalinn {cells}; lowest fraction of bound {worst['fraction']:.2f} ({worst['class']} "
+                   f"at {worst['load_factor']:g}x)")
+    for name, target in result["targets"].items():
+        typer.echo(f"  target {name}: {'met' if target['met'] else 'NOT met'}")
     typer.echo(f"m_semaphore re-convergence after a demand change: {result['convergence_ms']:.1f} ms")
+    bandit = result["bandit"]
+    for name, clean in bandit.get("clean", {}).items():
+        typer.echo(f"  bandit curve, {name}: clean re-convergence per change (median / worst) "
+                   + ", ".join(f"{m:.1f}/{w:.1f}" for m, w in zip(clean["settle_ms_median"][1:],
+                                                                  clean["settle_ms_worst"][1:], strict=True))
+                   + f" ms; noisy steady-state regret {bandit['noisy'][name]['regret_per_step']:.4f}/step")
     for label, row in result["drop_utility"].items():
         if isinstance(row, dict):
             typer.echo(f"utility {label:<17} drop rate {row['drop_rate']:.1%}  throughput "

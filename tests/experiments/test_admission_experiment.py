@@ -1,0 +1,47 @@
+"""`sloctl experiment admission` (issue 21): every policy graded against the goodput bound, per class."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from sloctl.experiments.admission import _targets, sweep_experiment, up_to_figures
+
+
+def test_the_sweep_grades_every_policy_as_a_fraction_of_the_bound_per_class():
+    rows = sweep_experiment(mixes=("50/50", "three-bottleneck"), loads=(2.0,),
+                            approaches=("single-queue", "protego", "svalinn"), duration_s=0.01)
+    assert [(r["mix"], r["load_factor"]) for r in rows] == [("50/50", 2.0), ("three-bottleneck", 2.0)]
+    for row in rows:
+        bound = row["oracle"]["goodput_per_s"]
+        assert set(bound) == set(row["slo_s"])
+        for result in row["results"].values():
+            for klass, fraction in result["fraction_of_oracle"].items():
+                assert fraction == pytest.approx(result["goodput_per_s"][klass] / bound[klass])
+    up_to = up_to_figures(rows)
+    best = up_to["50/50"]["ratios"]["single-queue"]["cpu"]
+    assert best["load_factor"] == 2.0 and best["ratio"] > 1.5  # the one load: the figure says where it is
+    assert not math.isnan(up_to["three-bottleneck"]["min_fraction_of_oracle"]["fraction"])
+    targets = _targets(rows)
+    assert set(targets) == {"svalinn_at_least_0.9_of_oracle", "cpu_vs_single_queue_at_least_0.95_load_50_50",
+                            "three_bottleneck_total_beats_both"}
+    assert all(isinstance(t["met"], bool) for t in targets.values())
+
+
+@pytest.mark.slow
+def test_the_json_carries_the_bound_the_fractions_the_sweep_and_the_bandit(tmp_path):
+    from typer.testing import CliRunner
+
+    from sloctl.cli import app
+
+    out = CliRunner().invoke(app, ["experiment", "admission", "--json", "--loads", "2", "--mixes", "50/50",
+                                   "--sweep-duration-s", "0.02", "--duration-s", "0.04", "--bandit-seeds", "1",
+                                   "--plots", str(tmp_path)])
+    assert out.exit_code == 0, out.output
+    result = json.loads(out.stdout)
+    assert set(result["oracle"]["goodput_per_s"]) == {"cpu", "mem"}
+    assert set(result["overload"]["results"]["svalinn"]["fraction_of_oracle"]) == {"cpu", "mem"}
+    assert result["sweep"][0]["mix"] == "50/50" and "up_to" in result and "targets" in result
+    assert set(result["bandit"]) == {"curve", "clean", "noisy"} and "live" not in result
