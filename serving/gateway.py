@@ -408,9 +408,31 @@ class Gateway:
                                                   r.query.slo_s, r.cluster_id, c.size, now)
                     committed.add(r.query.query_id)
         self.router.swap(inner, known, committed)
+        self._warm()
         if self.autoscaler is not None:
             self.autoscaler.router = inner
         self.swaps += 1
+
+    def _warm(self) -> None:
+        """Compute each template's features on each cluster size now, not on a client's first query.
+
+        The first prediction of a model loads its runtime (torch for Iconq+,
+        several seconds on a busy machine); without this the first queries
+        after a start or a swap would wait for it.
+        """
+        built = self.built
+        if built is None or built.online is None or built.templates is None:
+            return
+        import torch  # noqa: F401  (OnlinePredictor.commit imports it, even for Stage)
+
+        sizes = sorted({c.size for c in self.managed.clusters.values()})
+        names = list(built.templates["template"])
+        for name in names:
+            for size in sizes:
+                built.online.isolated_s(name, size)
+        if built.kind == "iconq" and names:
+            now = self.now_s()
+            built.online.counterfactuals(names[0], now, {"warm": sizes[0]}, now)
 
     def router_kind(self) -> str:
         """``iconq``, ``stage``, ``round-robin`` (no model yet), ``least-queued`` or ``random``."""

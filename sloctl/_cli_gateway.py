@@ -9,7 +9,7 @@ import typer
 
 from sloctl._cli_common import ConfigOption, bind_port, echo, load_cli_config, parse_sizes, read_logs
 
-__all__ = ["gateway_cmd", "slo_table"]
+__all__ = ["experiment_gateway_cmd", "gateway_cmd", "slo_table"]
 
 
 def slo_table(log_paths: list[Path] | None, kappa: float) -> dict[str, float]:
@@ -96,3 +96,83 @@ def gateway_cmd(
         server.run(sockets=[sock])
     finally:
         gateway.close()
+
+
+def experiment_gateway_cmd(
+    log: list[Path] = typer.Option(..., "--log", "-l", help="Query log with isolated size-1 runs: SLO references, "
+                                   "plan features, the time unit."),
+    model: str = typer.Option("models:/iconq@champion", help="Model the sloctl arms route with (registry URI or "
+                              "bundle folder)."),
+    db: Path | None = typer.Option(None, help="TPC-H database the log was collected on (default: SF 1)."),
+    sizes: str = typer.Option("1,1", help="Clusters of every arm, comma-separated."),
+    queries: int = typer.Option(120, help="Arrivals per round."),
+    load: float = typer.Option(0.8, help="Base rate, x the clusters' capacity (sum of sizes / mean isolated "
+                               "latency)."),
+    burst: float = typer.Option(2.0, help="The middle third of the arrivals comes at this x the base rate."),
+    high_share: float = typer.Option(0.2, help="Fraction of high-priority queries."),
+    kappa: float = typer.Option(2.0, help="SLO = kappa x the template's largest isolated latency on size 1."),
+    seed: int = typer.Option(0),
+    rounds: int = typer.Option(1, help="Rounds (seeds seed, seed+1, ...; arm order rotates)."),
+    templates: str | None = typer.Option(None, help="Only these templates, comma-separated (e.g. "
+                                         "tpch-q01,tpch-q06)."),
+    arms: str | None = typer.Option(None, help="Only these arms, comma-separated (default: random, least-queued, "
+                                    "sloctl, sloctl+admission+retries)."),
+    policy: Path | None = typer.Option(None, help="Gateway policy (YAML) instead of the experiment's defaults."),
+    budgets: bool = typer.Option(False, "--budgets", help="Cluster sizes as CPU budgets (warehouse.* in the "
+                                 "config)."),
+    as_json: bool = typer.Option(False, "--json"),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Random vs least-queued vs sloctl routing vs sloctl + admission + class retries, through real Trino clients."""
+    from sloctl._cli_common import load_cli_model
+    from sloctl._cli_experiments import _live_db
+    from sloctl.experiments.gateway import ARMS, run_gateway_experiment
+    from sloctl.serving._gateway_policy import load_gateway_policy
+
+    cfg = load_cli_config(config)
+    for name, value in (("--queries", queries), ("--rounds", rounds)):
+        if value < 1:
+            raise typer.BadParameter(f"must be >= 1; got {value}", param_hint=name)
+    for name, value in (("--load", load), ("--burst", burst), ("--kappa", kappa)):
+        if not value > 0:
+            raise typer.BadParameter(f"must be > 0; got {value}", param_hint=name)
+    if not 0 <= high_share <= 1:
+        raise typer.BadParameter(f"must be in [0, 1]; got {high_share}", param_hint="--high-share")
+    chosen = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else tuple(ARMS)
+    bad = [a for a in chosen if a not in ARMS]
+    if bad or not chosen:
+        raise typer.BadParameter(f"expected arms among {', '.join(ARMS)}; got {arms!r}", param_hint="--arms")
+    database = _live_db(db, cfg)
+    frame = read_logs(log)
+    predictor = load_cli_model(model, cfg)
+    gateway_policy = load_gateway_policy(policy) if policy is not None else None
+    only = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
+    result = run_gateway_experiment(
+        database, frame, predictor, sizes=parse_sizes(sizes, "--sizes"), n_queries=queries, load=load, burst=burst,
+        high_share=high_share, kappa=kappa, seed=seed, rounds=rounds, policy=gateway_policy, router_cfg=cfg.router,
+        pool_options=cfg.warehouse.pool_options() if budgets else None, only_templates=only, arms=chosen,
+        on_progress=echo)
+    if as_json:
+        typer.echo(json.dumps(result.to_json()))
+        return
+    s = result.settings
+    typer.echo(f"experiment gateway: {s['n_queries']} queries x {s['rounds']} round(s), clusters {s['sizes']}, "
+               f"load {s['load']:g} with a {s['burst']:g}x burst, high {s['high_share']:.0%}, kappa {s['kappa']:g} "
+               f"(mean SLO {s['mean_slo_s']:.3f} s); graded by {result.world}")
+    typer.echo(f"{'arm':26} {'class':6} {'sub':>4} {'adm':>4} {'def':>4} {'shed':>4} {'fail':>4} {'VR':>6} "
+               f"{'VR(run)':>7} {'goodput/s':>9} {'p50 s':>7} {'cost':>8}")
+
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    for arm in result.arms:
+        for klass, row in [*arm.per_class.items(), ("all", arm.overall)]:
+            typer.echo(f"{arm.arm:26} {klass:6} {row['submitted']:4d} {row['admitted']:4d} {row['deferred']:4d} "
+                       f"{row['shed']:4d} {row['failed']:4d} {fmt(row['vr'], '6.3f')} {fmt(row['vr_served'], '7.3f')} "
+                       f"{fmt(row['goodput_per_s'], '9.3f')} {fmt(row['latency_p50_s'], '7.3f')} "
+                       f"{arm.cost if klass == 'all' else float('nan'):8.1f}")
+        typer.echo(f"{'':26} retries {arm.retries}, placed despite a predicted miss {arm.forced}, "
+                   f"admitted + deferred + shed = submitted: {'yes' if arm.accounted else 'NO'}")
+    r = result.ratios
+    typer.echo("high-priority VR, full gateway / least-queued: " + fmt(r.get("high_vr_full_vs_least_queued"), ".3f")
+               + "; goodput, full gateway / least-queued: " + fmt(r.get("goodput_full_vs_least_queued"), ".3f"))
