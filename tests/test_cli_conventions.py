@@ -22,7 +22,8 @@ def invoke(*args: str, env: dict | None = None):
 def assert_one_line_error(result, code: int = 2, *needles: str) -> str:
     """The failure shape every command shares; returns the message."""
     assert result.exit_code == code, (result.exit_code, result.stdout, result.stderr)
-    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1, result.stderr
     assert "\n" not in lines[0]
