@@ -100,6 +100,10 @@ class GatewayOptions:
         admission_uri, retry_uri: admission-policy and retry-policy aliases.
         watch_interval_s: how often the aliases are polled (``None``: only on :meth:`Gateway.refresh`).
         pool_options: CPU-budget options of the DuckDB pool (``WarehouseConfig.pool_options()``).
+        autoscaler: the AutoSLO autoscaler's knobs (an
+            :class:`~sloctl.control.autoscaler.AutoscalerConfig`, mode ``add``),
+            run at every placement over the model's router; its spin-ups start
+            real clusters. ``None``: the pool stays as started.
         page_rows: rows per result page.
         max_wait_s: how long a client's poll waits for news.
         result_ttl_s: a finished query's result is dropped this long after it ended.
@@ -121,6 +125,7 @@ class GatewayOptions:
     retry_uri: str | None = None
     watch_interval_s: float | None = None
     pool_options: Mapping[str, Any] | None = None
+    autoscaler: Any = None  # AutoscalerConfig: the AutoSLO autoscaler's knobs (None: a fixed pool)
     page_rows: int = 1000
     max_wait_s: float = 1.0
     result_ttl_s: float = 300.0
@@ -238,8 +243,10 @@ class Gateway:
         predictor: a latency model to route with when no registry alias is
             followed (tests, experiments); ``model_uri`` replaces it once loaded.
         templates: the template table (plan features); ``None``: the model bundle's.
-        autoscaler: an :class:`~sloctl.control.autoscaler.Autoscaler` run at
-            every placement (``None``: a fixed pool).
+        autoscaler: an autoscaler object run at every placement (anything
+            with ``on_arrival``, ``on_completion`` and ``force``, as
+            :class:`~sloctl.control.managed.ManagedPool` takes); overrides
+            ``options.autoscaler``.
     """
 
     def __init__(self, db_path: str | Path, options: GatewayOptions | None = None, *, predictor: Any = None,
@@ -289,7 +296,8 @@ class Gateway:
             raise
         self.base = time.monotonic()
         self.load_based = LeastQueuedRouter(self.running_on)
-        self.managed = ManagedPool(None, autoscaler=self.autoscaler, price_per_unit_s=opts.router_cfg.price_per_unit_s,
+        self.autoscaler_note = "off" if self.autoscaler is None and opts.autoscaler is None else "given"
+        self.managed = ManagedPool(None, price_per_unit_s=opts.router_cfg.price_per_unit_s,
                                    minimum_s=opts.router_cfg.minimum_s, backend=_PoolBackend(self.pool, len(ids)),
                                    clamp_late_events=True)
         for cid, size in zip(ids, opts.cluster_sizes, strict=True):
@@ -334,6 +342,8 @@ class Gateway:
                 while self.deferred[klass]:
                     self._finish(self.deferred[klass].popleft(), now, error(
                         "NO_NODES_AVAILABLE", "The sloctl gateway shut down while the query waited."), "shed")
+        if hasattr(self, "sizer"):
+            self.sizer.close()
         self.pool.close()
         with self.lock:
             for attempt_id, (_, cid) in list(self.attempts.items()):
@@ -409,9 +419,49 @@ class Gateway:
                     committed.add(r.query.query_id)
         self.router.swap(inner, known, committed)
         self._warm()
-        if self.autoscaler is not None:
-            self.autoscaler.router = inner
+        self._build_autoscaler(inner)
         self.swaps += 1
+
+    def _build_autoscaler(self, inner: Any) -> None:
+        """The AutoSLO autoscaler over the router in force, as the runtime builds it (observation windows carry over).
+
+        Its spin-up trigger and size selector read the router's predictor:
+        without a latency model there is none, and :meth:`status` says so.
+        """
+        if self.autoscaler is not None:  # given by the caller
+            self.managed.autoscaler = self.autoscaler
+            if hasattr(self.autoscaler, "router") and hasattr(inner, "model"):
+                self.autoscaler.router = inner
+            return
+        knobs = self.options.autoscaler
+        if knobs is None:
+            return
+        from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
+        from sloctl.control.background import BackgroundSizer
+        from sloctl.control.router import IconqRouter, StageCostRouter
+
+        built = self.built
+        if built is None or built.online is None:
+            self.managed.autoscaler = None
+            self.autoscaler_note = "off: no latency model for the spin-up trigger and the size selector"
+            return
+        if built.kind == "iconq":
+            margin, tolerance, spread = built.slo_margin or 0.0, built.cost_tolerance, built.violation_spread
+
+            def make_router(model: Any) -> Any:
+                return IconqRouter(model, slo_margin=margin, cost_tolerance=tolerance, violation_spread=spread)
+        else:
+            make_router = StageCostRouter
+        if not hasattr(self, "sizer"):
+            self.sizer = BackgroundSizer()
+        old = self.managed.autoscaler
+        cfg = self.options.router_cfg
+        autoscaler = Autoscaler(knobs, SpinupTrigger(knobs.theta, knobs.tau_trigger), inner, make_router, mode="add",
+                                minimum_s=cfg.minimum_s, price_per_unit_s=cfg.price_per_unit_s, sizer=self.sizer)
+        if old is not None and hasattr(old, "windows"):
+            autoscaler.windows = old.windows
+        self.managed.autoscaler = autoscaler
+        self.autoscaler_note = f"spin-up trigger, size selector (add) and teardown, over {built.kind}"
 
     def _warm(self) -> None:
         """Compute each template's features on each cluster size now, not on a client's first query.
@@ -816,6 +866,7 @@ class Gateway:
                 "router": self.router_kind(), "model": self.model_source, "swaps": self.swaps,
                 "slo_margin": None if self.built is None else self.built.slo_margin,
                 "admission": self.options.admission, "retries": self.options.retries,
+                "autoscaler": self.autoscaler_note,
                 "policy": self.policy.to_doc(), "slots": slots, "counts": dict(self.counts),
                 "waiting": {k: len(v) for k, v in self.deferred.items()},
                 "clusters": [{"cluster_id": cid, "size": c.size, "running": c.running,

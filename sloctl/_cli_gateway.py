@@ -9,7 +9,7 @@ import typer
 
 from sloctl._cli_common import ConfigOption, bind_port, echo, load_cli_config, parse_sizes, read_logs
 
-__all__ = ["experiment_gateway_cmd", "gateway_cmd", "slo_table"]
+__all__ = ["autoscaler_knobs", "experiment_gateway_cmd", "gateway_cmd", "slo_table"]
 
 
 def slo_table(log_paths: list[Path] | None, kappa: float) -> dict[str, float]:
@@ -23,6 +23,26 @@ def slo_table(log_paths: list[Path] | None, kappa: float) -> dict[str, float]:
         raise typer.BadParameter("the log has no template run alone on size 1 to set SLOs from "
                                  "(collect an isolated workload on size 1)", param_hint="--slo-log")
     return table
+
+
+def autoscaler_knobs(path: Path | None):
+    """The :class:`~sloctl.control.autoscaler.AutoscalerConfig` in a YAML file (``None``: no autoscaler)."""
+    if path is None:
+        return None
+    import yaml
+
+    from sloctl.control.autoscaler import AutoscalerConfig
+    from sloctl.core.config import from_mapping
+
+    if not path.is_file():
+        raise typer.BadParameter(f"no such file: {path}", param_hint="--autoscaler")
+    try:
+        knobs = from_mapping(AutoscalerConfig, yaml.safe_load(path.read_text()) or {}, source=str(path))
+        knobs.validate()
+    except yaml.YAMLError as exc:
+        raise typer.BadParameter(f"{path} is not YAML ({' '.join(str(exc).split())})",
+                                 param_hint="--autoscaler") from exc
+    return knobs
 
 
 def gateway_cmd(
@@ -44,6 +64,9 @@ def gateway_cmd(
                                               "(default: serve.templates_log, else the model bundle's)."),
     budgets: bool = typer.Option(False, "--budgets", help="Cluster sizes as CPU budgets (warehouse.* in the "
                                  "config) instead of pinned cores."),
+    autoscaler: Path | None = typer.Option(None, help="YAML of the AutoSLO autoscaler's knobs (window_s, theta, "
+                                           "tau_trigger, spinup_delay_s, max_clusters, ...): spin real clusters "
+                                           "up and down (needs a latency model)."),
     host: str = typer.Option("127.0.0.1", help="Address. The Trino protocol has no authentication over plain "
                              "HTTP: keep it on loopback or behind TLS."),
     port: int = typer.Option(8081, help="Port."),
@@ -71,6 +94,7 @@ def gateway_cmd(
     gateway_policy = load_gateway_policy(policy)
     table = slo_table(slo_log, kappa)
     templates = load_templates_table(templates_log or cfg.serve.templates_log)
+    knobs = autoscaler_knobs(autoscaler)
     sock = bind_port(host, port)  # a taken port is exit 2, one line, before clusters start
     serve = cfg.serve
     options = GatewayOptions(
@@ -78,7 +102,7 @@ def gateway_cmd(
         policy=gateway_policy, slo_table=table, log_dir=log_dir, tracking_uri=cfg.registry.tracking_uri,
         model_uri=serve.model_uri, fallback_uri=serve.fallback_uri, admission_uri=serve.admission_uri,
         retry_uri=serve.retry_uri, watch_interval_s=serve.watch_interval_s,
-        pool_options=cfg.warehouse.pool_options() if budgets else None)
+        pool_options=cfg.warehouse.pool_options() if budgets else None, autoscaler=knobs)
     gateway = Gateway(database, options, templates=templates).start()
     try:
         state = gateway.status()

@@ -209,3 +209,44 @@ def test_policy_documents_are_checked_and_registered_policies_override_them(tmp_
     assert merged.klass("gold").retries == 1 and merged.klass("bronze").retries == 4
     assert merged.klass("bronze").priority == 7 and merged.klass("gold").share == 0.5
     assert merged.provenance == {"source": str(path), "retries": "r", "admission": "a"}
+
+
+class _RecordingAutoscaler:
+    """Sees every placement; asks for one size-1 spin-up at the second one (the gateway's side of scaling)."""
+
+    def __init__(self):
+        self.arrivals = []
+
+    def on_arrival(self, query, clusters, now_s=None):
+        from sloctl.control.managed import ScalingAction
+
+        self.arrivals.append((query.template, query.slo_s))
+        return [ScalingAction("spin_up", size=1)] if len(self.arrivals) == 2 else []
+
+    def force(self, now_s, clusters):
+        return []
+
+    def on_completion(self, query, end_s):
+        return None
+
+
+def test_forced_placements_reach_the_autoscaler_and_its_spin_ups_start_real_clusters(tpch_db, stage, sim_log,
+                                                                                       wait_until):
+    from sloctl.datasets.querylog import template_table
+    from sloctl.serving._gateway_app import create_gateway_app
+    from sloctl.serving.gateway import Gateway, GatewayOptions
+    from sloctl.serving.local import LocalServer
+
+    scaler = _RecordingAutoscaler()
+    options = GatewayOptions(cluster_sizes=(1,), policy=_policy())
+    with Gateway(tpch_db, options, predictor=stage, templates=template_table(sim_log), autoscaler=scaler) as gateway, \
+            LocalServer(create_gateway_app(gateway)) as client:
+        for _ in range(2):  # high, predicted to miss: placed anyway, and the autoscaler sees each
+            assert _run(client, "high", 1e-4)[0] == [[42]]
+        assert [t for t, _ in scaler.arrivals] == ["t00", "t00"] and gateway.counts["forced"] == 2
+        assert [e["event"] for e in gateway.managed.events] == ["spin_up"]
+        new = gateway.managed.events[0]["cluster_id"]
+        assert wait_until(lambda: any(c["cluster_id"] == new and c["ready"] for c in gateway.status()["clusters"]),
+                          "the spun-up cluster to be ready", timeout_s=60)
+        assert {info.cluster_id: info.state for info in gateway.pool.clusters()}[new] == "ready"
+        assert _run(client, "low", 100.0)[0] == [[42]]  # still serving, now on two clusters

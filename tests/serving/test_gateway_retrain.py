@@ -90,6 +90,9 @@ def test_sloctl_gateway_refuses_bad_input_with_one_line_and_exit_2(tpch_db, tmp_
     assert missing.exit_code == 2 and "--db" in missing.output
     router = runner.invoke(app, ["gateway", "--db", str(tpch_db), "--router", "nearest"])
     assert router.exit_code == 2 and "least-queued" in router.output
+    (tmp_path / "a.yaml").write_text("theta: 2\nwindow_seconds: 5\n")
+    knobs = runner.invoke(app, ["gateway", "--db", str(tpch_db), "--autoscaler", str(tmp_path / "a.yaml")])
+    assert knobs.exit_code == 2 and "window_seconds" in knobs.output
 
 
 @pytest.mark.slow
