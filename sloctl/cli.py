@@ -341,7 +341,7 @@ def log_merge(
                                "plan_feature_version": metadata["plan_feature_version"], "runs": runs}))
 
 
-def _print_summary(summary) -> None:
+def _print_summary(summary, *, err: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -359,7 +359,7 @@ def _print_summary(summary) -> None:
                       ms(row.median_s), ms(row.p95_s),
                       "-" if row.slowdown != row.slowdown else f"{row.slowdown:.2f}x",
                       f"{row.mean_neighbours:.1f}")
-    Console().print(table)
+    Console(stderr=err).print(table)
 
 
 @config_app.command("show")
@@ -379,20 +379,27 @@ def demo_cmd(
     config: Path | None = ConfigOption,
     data_dir: Path | None = typer.Option(None, help="Where databases live."),
     train: bool = typer.Option(True, help="Train and register Stage and Iconq+ on the demo log."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results (interference summary, files, models, "
+                                 "the simulated day, the service run) as one JSON object on stdout; the tables "
+                                 "then go to stderr."),
 ) -> None:
     """Collect a short TPC-H log on sizes 1 and 2, report interference, train and register the models."""
+    import json
+
     from sloctl.demo import run_demo, train_demo_models
 
+    say = echo if as_json else typer.echo  # with --json, the narration is a log
     cfg = load_cli_config(config)
     summary, paths = run_demo(cfg, data_dir=data_dir, log=echo)
-    _print_summary(summary)
+    doc: dict = {"summary": json.loads(summary.to_json(orient="records")), "files": [str(p) for p in paths]}
+    _print_summary(summary, err=as_json)
     for size, group in summary.groupby("cluster_size"):
         slowdown = group["slowdown"].dropna()
         if len(slowdown):
-            typer.echo(f"size {size}: median slowdown under concurrency {slowdown.median():.2f}x "
+            say(f"size {size}: median slowdown under concurrency {slowdown.median():.2f}x "
                        f"(max {slowdown.max():.2f}x) over {len(slowdown)} templates")
     for path in paths:
-        typer.echo(f"wrote {path}")
+        say(f"wrote {path}")
     if train:
         rows = train_demo_models(cfg, paths[0], log=echo)
         from rich.console import Console
@@ -405,14 +412,17 @@ def demo_cmd(
             table.add_row(row["model"], row["version"], "yes" if row["champion"] else "no",
                           *(f"{row[f'test_{s}']:.3f}" for s in ("p50", "p90", "p95")),
                           f"{row['test_concurrent_p90']:.3f} (n={row['n_test_concurrent']:.0f})")
-        Console().print(table)
-        typer.echo(f"models registered in {cfg.registry.tracking_uri} "
-                   "(try: sloctl evaluate predictor --log reports/demo_log.parquet --json)")
-        _simulated_day(cfg, paths[0])
-        _serve_briefly(cfg, paths[0])
+        Console(stderr=as_json).print(table)
+        say(f"models registered in {cfg.registry.tracking_uri} "
+            "(try: sloctl evaluate predictor --log reports/demo_log.parquet --json)")
+        doc["models"] = rows
+        doc["day"] = _simulated_day(cfg, paths[0], as_json)
+        doc["service"] = _serve_briefly(cfg, paths[0], as_json)
+    if as_json:
+        typer.echo(json.dumps(doc, default=str))
 
 
-def _serve_briefly(cfg, log_path: Path) -> None:
+def _serve_briefly(cfg, log_path: Path, as_json: bool = False) -> dict:
     """The demo's coda: start the runtime on a loopback port and route the demo workload through it."""
     import dataclasses
     import secrets
@@ -430,13 +440,14 @@ def _serve_briefly(cfg, log_path: Path) -> None:
         app_ = create_app(run_cfg, token=token, templates=load_templates_table(log_path), watch=False)
         with LocalServer(app_) as client:
             result = replay_log(client, read_log(log_path), token=token, duration_s=3.0)
-            typer.echo(f"service at {client.base_url}: routed {result['queries']} queries with "
+            (echo if as_json else typer.echo)(f"service at {client.base_url}: routed {result['queries']} queries with "
                        f"{'/'.join(result['models'])} ({result['per_cluster']}); decision time p50 "
                        f"{result['decision_ms_p50']:.2f} ms, p99 {result['decision_ms_p99']:.2f} ms; VR "
                        f"{result['violation_rate']:.3f}, cost {result['total_cost']:.1f}")
+    return result
 
 
-def _simulated_day(cfg, log_path: Path) -> None:
+def _simulated_day(cfg, log_path: Path, as_json: bool = False) -> dict:
     """The demo's last act: a routed and autoscaled day in the emulated warehouse."""
     from rich.console import Console
     from rich.table import Table
@@ -456,8 +467,10 @@ def _simulated_day(cfg, log_path: Path) -> None:
         table.add_column(column, justify="left" if column == "approach" else "right")
     for name, r in day["results"].items():
         table.add_row(name, f"{r['vr']:.3f}", f"{r['cost']:.1f}", str(r["spin_ups"]), str(r["tear_downs"]))
-    Console().print(table)
-    typer.echo(f"wrote {plot_day(day, Path(cfg.demo.reports_dir) / 'demo_day.png')}")
+    Console(stderr=as_json).print(table)
+    plot = plot_day(day, Path(cfg.demo.reports_dir) / "demo_day.png")
+    (echo if as_json else typer.echo)(f"wrote {plot}")
+    return {"queries": day["queries"], "contour": day["contour"], "results": day["results"], "plot": str(plot)}
 
 
 @app.command("serve")

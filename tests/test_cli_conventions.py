@@ -281,8 +281,8 @@ def test_tune_policy_with_an_unreadable_history_names_it(suffix, content, tmp_pa
 
 # --- results on stdout, --json ------------------------------------------------------------------------------------
 
-#: Commands without --json: serve prints no result; demo is the narrated tour (its results are files and tables).
-NO_JSON = {("serve",), ("demo",)}
+#: Commands without --json: serve prints no result (it serves).
+NO_JSON = {("serve",)}
 
 
 def test_every_command_that_prints_a_result_takes_json():
@@ -395,3 +395,17 @@ def test_train_out_refuses_a_file_before_training(tiny_log, tmp_path):
     result = invoke("train", "stage", "--log", tiny_log, "--no-register", "--out", notes)
     assert_one_line_error(result, 2, f"--out {notes}", "model bundle", "--force")
     assert notes.read_text() == "keep me" and "Q-error" not in result.output
+
+
+@pytest.mark.slow  # a short collect on TPC-H SF 0.01 (about 5 s)
+def test_demo_json_is_one_object_on_stdout(tpch_db, tmp_path, monkeypatch):
+    """The narrated tour, machine-readable: tables and narration on stderr, one JSON object on stdout."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "demo.yaml"
+    config.write_text("demo:\n  scale_factor: 0.01\n  sizes: [1]\n  concurrent_copies: 1\n"
+                      "  concurrent_rate_per_s: 40.0\n")
+    result = invoke("demo", "--config", config, "--data-dir", tpch_db.parent, "--no-train", "--json")
+    doc = _json_stdout(result)
+    assert {row["template"] for row in doc["summary"]} >= {"tpch-q01", "tpch-q06"}
+    assert all(Path(path).is_file() for path in doc["files"])
+    assert "Latency by template" in result.stderr
