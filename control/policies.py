@@ -275,7 +275,8 @@ class RetryPolicy:
                 "predicted": _json(self.predicted, "predicted"), "simulated": _json(self.simulated, "simulated"),
                 "search": _json(self.search, "search"), "evaluated": int(self.evaluated),
                 "network": _json(self.network, "network"), "provenance": _json(self.provenance, "provenance"),
-                "explanation": _json(self.explanation, "explanation")}
+                # only when some class got k = 0: documents of older code round-trip unchanged
+                **({"explanation": _json(self.explanation, "explanation")} if self.explanation else {})}
 
     @classmethod
     def from_doc(cls, doc: Mapping[str, Any]) -> RetryPolicy:
