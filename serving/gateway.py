@@ -284,6 +284,7 @@ class Gateway:
         self._features: dict[str, dict[str, float]] = {}
         self._log_lock = threading.Lock()  # one writer of the log file at a time, outside the gateway's lock
         self._stop = threading.Event()
+        self._looked_s = -math.inf  # when deferred queries were last asked about
         self.pool = DuckDBClusterPool(self.db_path, **dict(opts.pool_options or {}))
         try:
             ids = [f"c{i}" for i in range(len(opts.cluster_sizes))]
@@ -642,8 +643,12 @@ class Gateway:
                     if completion.query_id in self.attempts:
                         self._attempt_ended(completion.query_id, completion)
                 now = self.now_s()
+                ready = len(self.managed.routable(now))
                 self._check_clusters(now)
-                self._release(now)
+                # deferred queries are asked again when a query ended or a cluster became ready, else every 0.1 s
+                # (each look is a model inference per waiting class)
+                changed = bool(done) or len(self.managed.routable(now)) != ready
+                self._release(now, look=changed or now - self._looked_s >= 0.1)
                 self._expire(now)
 
     def _flusher(self) -> None:
@@ -719,7 +724,7 @@ class Gateway:
         q.done.set()
         q.changed.set()
 
-    def _release(self, now: float) -> None:
+    def _release(self, now: float, *, look: bool = True) -> None:
         """Deferred queries: shed the expired, place those a cluster is now predicted to meet.
 
         Classes are tried by priority, then by fewest releases per unit of
@@ -734,6 +739,9 @@ class Gateway:
                     f"Query shed by the sloctl gateway: it waited {q.deferred_s:.2f} s (class {klass!r} waits at "
                     f"most {cls.max_defer_s:g} s) and no cluster was predicted to meet its SLO of "
                     f"{q.slo_s:.3g} s.")), "shed")
+        if not look or not any(self.deferred.values()):
+            return
+        self._looked_s = now
         placed = True
         while placed:
             placed = False

@@ -119,6 +119,7 @@ def test_a_deferred_query_is_placed_once_a_cluster_is_predicted_to_meet_it(serve
         return real(q, now)
 
     monkeypatch.setattr(gateway, "_meets", meets)
+    monkeypatch.setattr(gateway, "policy", _policy(max_defer_s=30.0))  # time for the three looks, on a busy machine
     rows, qid = _run(client, "low", 100.0)
     q = gateway.get(qid)
     assert rows == [[42]] and q.outcome == "deferred" and q.deferred_s > 0 and misses["left"] == 0
