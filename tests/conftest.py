@@ -165,3 +165,56 @@ def wait_until():
             time.sleep(0.05)
 
     return wait
+
+
+def _servers():
+    """tests/servers.py, loaded by path (tests are not a package; --import-mode=importlib)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    name = "sloctl_tests_servers"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("servers.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A PostgreSQL server on 127.0.0.1 (initdb into a temporary folder, a free port), stopped at session end.
+
+    ``postgres_server.url`` is its ``postgres`` database; ``create_database(name)``
+    gives a test a database of its own and returns its URL (tests/servers.py).
+    """
+    server = _servers().start_postgres()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """A Redis server on 127.0.0.1 at a free port, persistence off, stopped at session end (tests/servers.py).
+
+    ``redis_server.url`` is ``redis://127.0.0.1:PORT/0``; ``redis_server.client()`` a ``redis.Redis``.
+    """
+    server = _servers().start_redis()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    """Ray in local mode (2 CPUs, no dashboard, token auth off), initialised once, shut down at session end."""
+    import os
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield ray
+    ray.shutdown()
