@@ -4,7 +4,8 @@ Layout: ``meta.json`` (kind, schema versions, variant, network config,
 feature scaler, the Stage model as LightGBM text, the router's SLO margin with
 its calibration under ``router_calibration``), for Iconq ``iconq.pt`` (the
 network's ``state_dict``), and ``templates.parquet`` (one row of plan features
-per template seen in training, named by ``meta["templates"]``). Loading checks
+per template seen in training, named by ``meta["templates"]``), and what the
+model was trained on (``meta["provenance"]``, :mod:`sloctl.registry.provenance`). Loading checks
 the feature-schema version, so a bundle from another layout is refused instead
 of predicting garbage; a bundle written before margins and tables travelled
 with the model loads with both ``None``.
@@ -22,8 +23,9 @@ from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
 from sloctl.models.calibration import MarginCalibration
 from sloctl.models.predictor import VARIANTS, LatencyPredictor
 from sloctl.models.stage import StageModel
+from sloctl.registry.provenance import Provenance
 
-__all__ = ["ModelSchemaError", "check_log_schema", "load_predictor", "save_predictor"]
+__all__ = ["ModelSchemaError", "check_log_schema", "load_predictor", "read_provenance", "save_predictor"]
 
 TEMPLATES_FILE = "templates.parquet"
 
@@ -32,8 +34,8 @@ class ModelSchemaError(SloctlError, ValueError):
     """A model and a log (or this code) disagree on the feature schema."""
 
 
-def save_predictor(predictor: LatencyPredictor, folder: str | Path) -> Path:
-    """Write ``predictor`` into ``folder`` (created)."""
+def save_predictor(predictor: LatencyPredictor, folder: str | Path, *, provenance: Provenance | None = None) -> Path:
+    """Write ``predictor`` into ``folder`` (created), with the ``provenance`` of its training log if given."""
     import torch
 
     folder = Path(folder)
@@ -54,6 +56,8 @@ def save_predictor(predictor: LatencyPredictor, folder: str | Path) -> Path:
     if predictor.templates is not None:
         predictor.templates.to_parquet(folder / TEMPLATES_FILE, index=False)
         meta["templates"] = TEMPLATES_FILE
+    if provenance is not None:
+        meta["provenance"] = provenance.to_dict()
     (folder / "meta.json").write_text(json.dumps(meta))
     return folder
 
@@ -88,6 +92,12 @@ def load_predictor(folder: str | Path) -> LatencyPredictor:
     net.load_state_dict(torch.load(folder / "iconq.pt", map_location="cpu", weights_only=True))
     return LatencyPredictor(stage, FeatureScaler.from_dict(meta["scaler"]), net.eval(), VARIANTS[meta["variant"]],
                             plan_feature_version=version, calibration=calibration, templates=templates)
+
+
+def read_provenance(folder: str | Path) -> Provenance | None:
+    """The provenance saved with the bundle in ``folder`` (``None``: saved without one, or by an older sloctl)."""
+    meta = json.loads((Path(folder) / "meta.json").read_text())
+    return Provenance.from_dict(meta["provenance"]) if "provenance" in meta else None
 
 
 def check_log_schema(predictor: LatencyPredictor, log_metadata: dict[str, str], source: str) -> None:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from sloctl.control.policies import policy_from_doc
 from sloctl.datasets.plan_features import PLAN_FEATURES
-from sloctl.registry.bundles import load_predictor
+from sloctl.registry.bundles import load_predictor, read_provenance
 
 __all__ = ["INPUT_COLUMNS", "OPTIONAL_INPUT_COLUMNS", "LatencyPyfunc", "PolicyPyfunc", "latency_input_example",
            "latency_signature"]
@@ -33,11 +33,14 @@ EXAMPLE_ROWS = 5
 
 
 class LatencyPyfunc(mlflow.pyfunc.PythonModel):
-    """Loads the predictor bundle once; ``predict`` has no side effects."""
+    """Loads the predictor bundle once; ``predict`` has no side effects.
+
+    ``provenance`` is what the model was trained on (``None`` for bundles saved without one).
+    """
 
     def load_context(self, context: Any) -> None:
-
         self.predictor = load_predictor(context.artifacts["bundle"])
+        self.provenance = read_provenance(context.artifacts["bundle"])
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
         neighbours = (params or {}).get("neighbours", "auto")

@@ -104,10 +104,10 @@ def _get(client: Any, url: str, params: dict[str, str], headers: dict[str, str])
     return response, shown
 
 
-def _source(client: Any, base: str, headers: dict[str, str]) -> str | None:
+def _source(client: Any, base: str, headers: dict[str, str], params: dict[str, str] | None = None) -> str | None:
     """``source`` of ``GET /v1/retry-policy`` (None if not given); raises only when the server cannot be reached."""
     try:
-        body = _get(client, f"{base}/v1/retry-policy", {}, headers)[0].json()
+        body = _get(client, f"{base}/v1/retry-policy", params or {}, headers)[0].json()
     except SyncError as exc:
         if exc.status is None:
             raise
@@ -145,7 +145,7 @@ def _check_positive(name: str, value: float) -> None:
 
 
 def sync_once(server_url: str, service: str, rds_path: str | os.PathLike[str], *, token: str | None = None,
-              timeout_s: float = 5.0, client: Any = None) -> SyncResult:
+              timeout_s: float = 5.0, client: Any = None, network: str | None = None) -> SyncResult:
     """Fetch ``service``'s routes from ``sloctl serve`` and write them to ``rds_path`` if they changed.
 
     The routes are compared with the file's as parsed JSON, so an unchanged
@@ -161,6 +161,7 @@ def sync_once(server_url: str, service: str, rds_path: str | os.PathLike[str], *
         timeout_s: per-request timeout.
         client: an ``httpx.Client`` to use, with its own timeout (tests pass one with a mock transport);
             a new one otherwise.
+        network: the network whose policy to fetch (``retry-policy-NETWORK``; None: the server's default).
 
     Returns:
         A :class:`SyncResult`.
@@ -184,10 +185,11 @@ def sync_once(server_url: str, service: str, rds_path: str | os.PathLike[str], *
     own = client is None
     client = httpx.Client(timeout=timeout_s) if own else client
     try:
-        before = _source(client, base, headers)
-        response, url = _get(client, f"{base}/v1/retry-policy/envoy", {"service": service}, headers)
+        which = {"network": network} if network else {}
+        before = _source(client, base, headers, which)
+        response, url = _get(client, f"{base}/v1/retry-policy/envoy", {"service": service, **which}, headers)
         route_config = _route_config(response, url)
-        after = _source(client, base, headers)
+        after = _source(client, base, headers, which)
     finally:
         if own:
             client.close()
@@ -200,7 +202,7 @@ def sync_once(server_url: str, service: str, rds_path: str | os.PathLike[str], *
 
 def run_sync(server_url: str, services_to_paths: Mapping[str, str | os.PathLike[str]], interval_s: float = 5.0,
              stop_event: threading.Event | None = None, on_change: Callable[[SyncResult], None] | None = None, *,
-             token: str | None = None, timeout_s: float = 5.0, client: Any = None) -> None:
+             token: str | None = None, timeout_s: float = 5.0, client: Any = None, network: str | None = None) -> None:
     """Sync every service's RDS file every ``interval_s`` seconds until ``stop_event`` is set.
 
     A failed sync (server down, no policy registered yet, a bad answer) is
@@ -214,7 +216,7 @@ def run_sync(server_url: str, services_to_paths: Mapping[str, str | os.PathLike[
         interval_s: seconds between polls.
         stop_event: set it to stop (None: run until interrupted).
         on_change: called with the :class:`SyncResult` of every sync that rewrote a file.
-        token, timeout_s, client: as in :func:`sync_once`.
+        token, timeout_s, client, network: as in :func:`sync_once`.
     """
     import httpx
 
@@ -229,7 +231,8 @@ def run_sync(server_url: str, services_to_paths: Mapping[str, str | os.PathLike[
         while True:
             for service, path in services_to_paths.items():
                 try:
-                    result = sync_once(server_url, service, path, token=token, timeout_s=timeout_s, client=client)
+                    result = sync_once(server_url, service, path, token=token, timeout_s=timeout_s, client=client,
+                                       network=network)
                 except (SyncError, ValueError, OSError) as exc:
                     if failing.get(service) != str(exc):  # say it once, not at every poll, until it changes
                         log.warning("retry sync for %s failed (keeping %s as it is): %s", service, path, exc)

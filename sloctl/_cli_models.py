@@ -13,7 +13,6 @@ from sloctl._cli_common import (
     describe_logs,
     echo,
     load_cli_config,
-    read_logs,
     read_logs_with_metadata,
 )
 
@@ -48,17 +47,21 @@ def _print_metrics(title: str, metrics: dict[str, float], *, err: bool = True) -
     Console(stderr=err).print(table)
 
 
-def _finish_training(result, log, name: str, log_path: str, cfg, register: bool, out: Path | None, *,
-                     as_json: bool = True) -> None:
+def _finish_training(result, log, name: str, log_path: str, cfg, register: bool, out: Path | None,
+                     metadata: dict[str, str] | None = None, *, as_json: bool = True) -> None:
     import json
+
+    from sloctl.registry.provenance import log_provenance
 
     calibration = result.predictor.calibration
     if calibration is not None:
         echo(f"{calibration.describe()}; stored with the model")
+    provenance = log_provenance(log, metadata, logs=log_path)
+    echo(f"Trained on {provenance.describe()}.")
     if out is not None:
         from sloctl.registry.bundles import save_predictor
 
-        save_predictor(result.predictor, out)
+        save_predictor(result.predictor, out, provenance=provenance)
         echo(f"Saved the model bundle to {out}.")
     summary = {"model": name, "data_hash": result.data_hash,
                **{split: {stat: result.metrics[f"{split}_q_error_{stat}"] for stat in ("p50", "p90", "p95")}
@@ -68,7 +71,7 @@ def _finish_training(result, log, name: str, log_path: str, cfg, register: bool,
         from sloctl.registry.store import register as register_model
 
         reg = register_model(result, log, name=name, tracking_uri=cfg.registry.tracking_uri,
-                             experiment=cfg.registry.experiment, log_path=log_path)
+                             experiment=cfg.registry.experiment, log_path=log_path, log_metadata=metadata)
         echo(f"Registered {name} v{reg.version} (run {reg.run_id}); champion: {reg.champion} — {reg.reason}.")
         summary.update({"version": reg.version, "run_id": reg.run_id, "champion": reg.champion})
     if as_json:
@@ -81,12 +84,22 @@ def _finish_training(result, log, name: str, log_path: str, cfg, register: bool,
                f"SLO margin {summary['slo_margin']:.3f}, data {summary['data_hash']}{registered}")
 
 
+def _check_name(name: str) -> None:
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", name):
+        raise typer.BadParameter(f"expected a registered model name of letters, digits, '_', '.' and '-' "
+                                 f"(MLflow refuses '/' and ':'); got {name!r}", param_hint="--name")
+
+
 @train_app.command("stage")
 def train_stage_cmd(
     log: list[Path] = typer.Option(..., "--log", "-l", help=f"Query log (Parquet). {SEVERAL_LOGS_HELP}"),
     config: Path | None = ConfigOption,
     register: bool = typer.Option(True, help="Log the run and register the model in MLflow."),
     out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
+    name: str = typer.Option("stage", help="Registered model name (e.g. stage-sf1 for a model of another scale "
+                             "factor than the 'stage' champion's)."),
     force: bool = ForceOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -97,13 +110,14 @@ def train_stage_cmd(
     if out is not None:
         check_out(out, "bundle", force)  # before the training: never over a file or folder of another kind
 
+    _check_name(name)
     cfg = load_cli_config(config)
-    frame = read_logs(log)
+    frame, metadata = read_logs_with_metadata(log)
     result = train_stage(frame, cfg.stage, val_fraction=cfg.iconq.val_fraction,
                          test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed,
                          risk_quantile=cfg.router.risk_quantile)
     _print_metrics(f"Stage Q-error on {describe_logs(log)}", result.metrics, err=as_json)
-    _finish_training(result, frame, "stage", describe_logs(log), cfg, register, out, as_json=as_json)
+    _finish_training(result, frame, name, describe_logs(log), cfg, register, out, metadata, as_json=as_json)
 
 
 @train_app.command("iconq")
@@ -116,6 +130,8 @@ def train_iconq_cmd(
     register: bool = typer.Option(True, help="Log the run and register the model in MLflow."),
     out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
     progress: bool = typer.Option(False, help="Show Lightning's progress bar."),
+    name: str = typer.Option("iconq", help="Registered model name (e.g. iconq-sf1 for a model of another scale "
+                             "factor than the 'iconq' champion's)."),
     force: bool = ForceOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -128,6 +144,7 @@ def train_iconq_cmd(
     if out is not None:
         check_out(out, "bundle", force)  # before the training: never over a file or folder of another kind
 
+    _check_name(name)
     cfg = load_cli_config(config)
     overrides = {k: v for k, v in {"variant": variant, "max_epochs": max_epochs, "seed": seed}.items()
                  if v is not None}
@@ -135,12 +152,12 @@ def train_iconq_cmd(
         raise typer.BadParameter(f"expected iconq, size, censored or iconq_plus; got {variant!r}",
                                  param_hint="--variant")
     iconq_cfg = dataclasses.replace(cfg.iconq, **overrides)
-    frame = read_logs(log)
+    frame, metadata = read_logs_with_metadata(log)
     result = train_iconq(frame, cfg.stage, iconq_cfg, progress=progress,
                          on_epoch=None if progress else lambda e, v: echo(f"epoch {e:3d}  val_loss {v:.4f}"),
                          risk_quantile=cfg.router.risk_quantile)
     _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {describe_logs(log)}", result.metrics, err=as_json)
-    _finish_training(result, frame, "iconq", describe_logs(log), cfg, register, out, as_json=as_json)
+    _finish_training(result, frame, name, describe_logs(log), cfg, register, out, metadata, as_json=as_json)
 
 
 @evaluate_app.command("predictor")
@@ -158,12 +175,17 @@ def evaluate_predictor_cmd(
 
     from sloctl._cli_common import load_cli_model
     from sloctl.registry.bundles import check_log_schema
+    from sloctl.registry.provenance import row_sources
     from sloctl.training.pipeline import evaluate_predictor
 
     cfg = load_cli_config(config)
     frame, metadata = read_logs_with_metadata(log)
     predictor = load_cli_model(model, cfg)
     check_log_schema(predictor, metadata, describe_logs(log))
+    mismatch = _provenance_mismatch(model, cfg, sources=row_sources(frame, metadata),
+                                    cluster_sizes=frame["cluster_size"].unique())
+    if mismatch:
+        echo(f"warning: {describe_logs(log)}: {mismatch}; these Q-errors are outside its training data")
     result = evaluate_predictor(predictor, frame)
     if plot is not None:
         from sloctl.experiments.plots import plot_predicted_vs_actual
@@ -177,12 +199,21 @@ def evaluate_predictor_cmd(
     if as_json:
         typer.echo(json.dumps({"n": result["n"], "q_error": result["q_error"],
                                "n_concurrent": result["n_concurrent"],
-                               "q_error_concurrent": result["q_error_concurrent"]}))
+                               "q_error_concurrent": result["q_error_concurrent"],
+                               "provenance_mismatch": mismatch}))
     else:
         q = result["q_error"]
         typer.echo(f"{model} on {describe_logs(log)}: n={result['n']}  Q-error p50 {q['p50']:.3f}  p90 {q['p90']:.3f}  "
                    f"p95 {q['p95']:.3f}  (with neighbours: n={result['n_concurrent']}, "
                    f"p90 {result['q_error_concurrent']['p90']:.3f})")
+
+
+def _provenance_mismatch(model: str, cfg, *, sources, cluster_sizes) -> str | None:
+    """Why ``sources``/``cluster_sizes`` are outside what ``model`` was trained on (None: they are not, or unknown)."""
+    from sloctl.registry.store import model_provenance
+
+    provenance = model_provenance(model, tracking_uri=cfg.registry.tracking_uri)
+    return None if provenance is None else provenance.mismatch(sources=sources, cluster_sizes=cluster_sizes)
 
 
 def predict_cmd(
@@ -196,6 +227,8 @@ def predict_cmd(
     sf: float = typer.Option(0.1, "--sf", help="Scale factor of the database the plans come from."),
     data_dir: Path | None = typer.Option(None, help="Where databases live."),
     as_json: bool = typer.Option(False, "--json"),
+    allow_mismatch: bool = typer.Option(False, help="Predict even when the benchmark, scale factor or size is "
+                                        "not what the model was trained on."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Predict one query's latency on a cluster size, given its neighbours."""
@@ -203,6 +236,7 @@ def predict_cmd(
 
     from sloctl._cli_common import load_cli_model
     from sloctl.datasets.tpc import template_frame
+    from sloctl.registry.provenance import source_key
 
     cfg = load_cli_config(config)
     offsets = []
@@ -218,6 +252,12 @@ def predict_cmd(
     if size < 1:
         raise typer.BadParameter(f"must be >= 1; got {size}", param_hint="--size")
     predictor = load_cli_model(model, cfg)  # before the plans: an unknown model fails fast
+    mismatch = _provenance_mismatch(model, cfg, sources=[source_key(benchmark, sf)], cluster_sizes=[size])
+    if mismatch and not allow_mismatch:
+        raise typer.BadParameter(f"{mismatch}; pass --allow-mismatch to predict anyway, or use a model trained "
+                                 "on this data", param_hint="--benchmark/--sf/--size")
+    if mismatch:
+        echo(f"warning: {mismatch}")
     frame = template_frame(benchmark, sf, data_dir or cfg.warehouse.data_dir, [(template, 0.0), *offsets], size)
     seconds = predictor.predict(frame, neighbours="all")
     isolated = predictor.stage.predict(frame)
@@ -230,18 +270,25 @@ def predict_cmd(
                    f"(isolated estimate {isolated[0]:.4f} s)")
 
 
+ApplyOption = typer.Option(False, "--apply", help="Then train with the study's best parameters on the same log "
+                           "and register the model (as `sloctl train` does).")
+NameOption = typer.Option(None, "--name", help="Registered model name for --apply (default: stage or iconq).")
+
+
 @tune_app.command("stage")
 def tune_stage_cmd(
     log: list[Path] = typer.Option(..., "--log", "-l", help=f"Query log (Parquet). {SEVERAL_LOGS_HELP}"),
     trials: int = typer.Option(20, help="Trials to add in this run."),
     storage: str | None = typer.Option(None, help="Optuna storage (config: registry.optuna_storage)."),
-    study_name: str = typer.Option("stage", help="Study name; an existing study is resumed."),
+    study_name: str = typer.Option("stage", help="Study name; an existing study is resumed (on the same log only)."),
     seed: int = typer.Option(0, help="Sampler seed."),
+    apply: bool = ApplyOption,
+    name: str | None = NameOption,
     as_json: bool = JsonOption,
     config: Path | None = ConfigOption,
 ) -> None:
-    """Tune Stage's LightGBM settings on validation Q-error (isolated p90)."""
-    _tune("stage", log, trials, storage, study_name, seed, 0, config, as_json=as_json)
+    """Tune Stage's LightGBM settings on validation Q-error (isolated p90); --apply trains and registers the best."""
+    _tune("stage", log, trials, storage, study_name, seed, 0, config, apply, name, as_json=as_json)
 
 
 @tune_app.command("iconq")
@@ -249,14 +296,16 @@ def tune_iconq_cmd(
     log: list[Path] = typer.Option(..., "--log", "-l", help=f"Query log (Parquet). {SEVERAL_LOGS_HELP}"),
     trials: int = typer.Option(10, help="Trials to add in this run."),
     storage: str | None = typer.Option(None, help="Optuna storage (config: registry.optuna_storage)."),
-    study_name: str = typer.Option("iconq", help="Study name; an existing study is resumed."),
+    study_name: str = typer.Option("iconq", help="Study name; an existing study is resumed (on the same log only)."),
     seed: int = typer.Option(0, help="Sampler seed."),
-    max_epochs: int = typer.Option(30, help="Epoch limit per trial."),
+    max_epochs: int = typer.Option(30, help="Epoch limit per trial (and for --apply)."),
+    apply: bool = ApplyOption,
+    name: str | None = NameOption,
     as_json: bool = JsonOption,
     config: Path | None = ConfigOption,
 ) -> None:
-    """Tune Iconq+ (width, dropout, learning rate, batch) on validation Q-error p90."""
-    _tune("iconq", log, trials, storage, study_name, seed, max_epochs, config, as_json=as_json)
+    """Tune Iconq+ (width, dropout, learning rate, batch) on validation Q-error p90; --apply trains the best."""
+    _tune("iconq", log, trials, storage, study_name, seed, max_epochs, config, apply, name, as_json=as_json)
 
 
 def _print_tune(summary: dict, as_json: bool) -> None:
@@ -276,25 +325,66 @@ def _print_tune(summary: dict, as_json: bool) -> None:
 
 
 def _tune(model: str, log: list[Path], trials: int, storage: str | None, study_name: str, seed: int,
-          max_epochs: int, config: Path | None, *, as_json: bool = True) -> None:
-    from sloctl.training.tune import tune
+          max_epochs: int, config: Path | None, apply: bool = False, name: str | None = None, *,
+          as_json: bool = True) -> None:
+    import time
+
+    from sloctl.core.progress import format_duration
+    from sloctl.training.tune import best_config, tune
 
     if trials < 1:
         raise typer.BadParameter(f"must be >= 1; got {trials}", param_hint="--trials")
+    if name is not None:
+        _check_name(name)
     cfg = load_cli_config(config)
-    frame = read_logs(log)
+    frame, metadata = read_logs_with_metadata(log)
+    started = time.monotonic()
 
-    def on_trial(number: int, value, state: str) -> None:
-        shown = "-" if value is None else f"{value:.4f}"
-        echo(f"trial {number:3d}  {state:<8} {shown}")
+    def on_trial(report) -> None:
+        value = "-" if report.value is None else f"{report.value:.4f}"
+        where = f" at {'round' if model == 'stage' else 'epoch'} {report.step + 1}" if report.step is not None else ""
+        best = "-" if report.best_value is None else f"{report.best_value:.4f}"
+        elapsed = time.monotonic() - started
+        eta = format_duration(elapsed / report.done * (report.total - report.done))
+        params = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in report.params.items())
+        echo(f"trial {report.done}/{report.total} (#{report.number}) {report.state.lower()}{where}: "
+             f"{report.objective} {value}; best {best}; ETA {eta}; {params}")
 
     result = tune(model, frame, cfg, trials=trials, storage=storage or cfg.registry.optuna_storage,
-                  study_name=study_name, seed=seed, max_epochs=max_epochs, on_trial=on_trial)
-    _print_tune({"study": result.study_name, "n_trials": result.n_trials, "n_new": result.n_new,
-                 "best_value": result.best_value, "best_params": result.best_params,
-                 "mlflow_run_id": result.mlflow_run_id}, as_json)
+                  study_name=study_name, seed=seed, max_epochs=max_epochs, on_trial=on_trial,
+                  log_path=describe_logs(log))
+    summary = {"study": result.study_name, "objective": result.objective, "n_trials": result.n_trials,
+               "n_new": result.n_new, "best_value": result.best_value, "best_params": result.best_params,
+               "data_hash": result.data_hash, "mlflow_run_id": result.mlflow_run_id}
+    if not apply:
+        _print_tune(summary, as_json)
+        return
+    best = best_config(model, result.best_params, cfg, max_epochs=result.max_epochs)
+    echo(f"--apply: training {model} with the best parameters of study {result.study_name!r} "
+         f"({result.objective} {result.best_value:.4f})")
+    if model == "stage":
+        from sloctl.training.pipeline import train_stage
 
+        trained = train_stage(frame, best.stage, val_fraction=best.iconq.val_fraction,
+                              test_fraction=best.iconq.test_fraction, seed=best.iconq.seed,
+                              risk_quantile=best.router.risk_quantile)
+    else:
+        from sloctl.training.pipeline import train_iconq
 
+        trained = train_iconq(frame, best.stage, best.iconq, on_epoch=lambda e, v: echo(f"epoch {e:3d}  "
+                                                                                       f"val_loss {v:.4f}"),
+                              risk_quantile=best.router.risk_quantile)
+    _print_metrics(f"{model} with the best parameters of {result.study_name}", trained.metrics, err=as_json)
+    from sloctl.registry.store import register as register_model
+
+    reg = register_model(trained, frame, name=name or model, tracking_uri=cfg.registry.tracking_uri,
+                         experiment=cfg.registry.experiment, log_path=describe_logs(log), log_metadata=metadata,
+                         extra_tags={"study_name": result.study_name, "tune_run_id": result.mlflow_run_id or ""})
+    echo(f"Registered {reg.name} v{reg.version} (run {reg.run_id}); champion: {reg.champion} — {reg.reason}.")
+    summary["applied"] = {"name": reg.name, "version": reg.version, "run_id": reg.run_id, "champion": reg.champion,
+                          "reason": reg.reason, **{split: trained.metrics[f"{split}_q_error_p90"]
+                                                   for split in ("val", "test")}}
+    _print_tune(summary, as_json)
 
 
 @train_app.command("admission")

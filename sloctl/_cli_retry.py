@@ -184,7 +184,8 @@ def optimise_cmd(
     per_hop: bool = typer.Option(False, help="Refine the budgets hop by hop (coordinate descent)."),
     confirm_s: float = typer.Option(300.0, help="Simulated seconds to confirm the winner (0: skip)."),
     seed: int = typer.Option(0),
-    register: bool = typer.Option(True, help="Register the policy in MLflow as 'retry-policy' (alias champion)."),
+    register: bool = typer.Option(True, help="Register the policy in MLflow as 'retry-policy-NETWORK' (alias "
+                                  "champion; NETWORK: the file's name, e.g. hotel)."),
     as_json: bool = typer.Option(False, "--json", help="Print the policy as JSON."),
     config: Path | None = ConfigOption,
 ) -> None:
@@ -192,8 +193,11 @@ def optimise_cmd(
     from sloctl.training.retry_budget import (
         BudgetSearch,
         confirm_by_simulation,
+        network_name,
         optimise_budgets,
         register_retry_policy,
+        retry_policy_name,
+        zero_budget_note,
     )
 
     spec = _load(network)
@@ -223,10 +227,16 @@ def optimise_cmd(
     doc = policy.to_doc()
     if register:
         cfg = load_cli_config(config)
+        net = network_name(network)
+        name = retry_policy_name(net)
         version = register_retry_policy(policy, tracking_uri=cfg.registry.tracking_uri,
-                                        experiment=cfg.registry.experiment, source=str(network))
-        doc["registered"] = {"name": policy.kind, "version": version, "alias": "champion"}
-        echo(f"registered {policy.kind} v{version} (alias champion) in {cfg.registry.tracking_uri}")
+                                        experiment=cfg.registry.experiment, source=str(network), network=net)
+        doc["registered"] = {"name": name, "version": version, "alias": "champion", "network": net}
+        echo(f"registered {name} v{version} (alias champion) in {cfg.registry.tracking_uri}; "
+             f"sloctl serve serves it at /v1/retry-policy?network={net}")
+        note = zero_budget_note(policy)
+        if note:
+            echo(note)
     if as_json:
         typer.echo(json.dumps(doc))
         return

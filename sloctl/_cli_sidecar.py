@@ -49,6 +49,9 @@ def sync_cmd(
     service: str = typer.Option(..., "--service", help="The service this sidecar fronts."),
     rds_file: Path = typer.Option(..., "--rds-file", help="The RDS file Envoy reads its routes from."),
     token: str | None = typer.Option(None, "--token", envvar="SLOCTL_TOKEN", help="Bearer token ($SLOCTL_TOKEN)."),
+    network: str | None = typer.Option(None, "--network", help="The network whose budgets to fetch (registered "
+                                       "by `sloctl retry optimise -n NETWORK` as retry-policy-NETWORK; default: "
+                                       "the server's serve.retry_uri)."),
     interval: float = typer.Option(5.0, "--interval", help="Seconds between polls."),
     once: bool = typer.Option(False, "--once", help="Sync once, print what happened and exit."),
     as_json: bool = typer.Option(False, "--json", help="With --once: print what happened as JSON on stdout."),
@@ -66,7 +69,7 @@ def sync_cmd(
     if not rds_file.parent.is_dir():
         raise typer.BadParameter(f"directory {str(rds_file.parent)!r} does not exist", param_hint="--rds-file")
     try:
-        first = sync_once(server, service, rds_file, token=token)
+        first = sync_once(server, service, rds_file, token=token, network=network)
         if as_json and once:
             typer.echo(json.dumps({"service": first.service, "changed": first.changed, "path": str(first.path),
                                    "num_retries": first.num_retries, "source": first.source}))
@@ -91,7 +94,7 @@ def sync_cmd(
         previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     echo(f"syncing {service} from {server} into {rds_file} every {interval:g} s (Ctrl-C to stop)")
     try:
-        run_sync(server, {service: rds_file}, interval, stop, token=token)
+        run_sync(server, {service: rds_file}, interval, stop, token=token, network=network)
     except KeyboardInterrupt:
         pass
     finally:

@@ -505,6 +505,13 @@ def serve_cmd(
     if templates is None:
         echo("no templates_log: the runtime routes with the template table inside the model bundle (models "
              "trained by this sloctl carry one); a model without one routes round-robin until one is configured")
+    else:
+        from sloctl.registry.store import log_mismatch
+
+        for uri in (cfg.serve.model_uri, cfg.serve.fallback_uri):  # provenance: say when the log is not the model's
+            why = log_mismatch(uri, log_path, tracking_uri=cfg.registry.tracking_uri)
+            if why:
+                echo(f"warning: {uri}: {why} (templates log {log_path})")
     app_ = create_app(cfg, token=token or None, templates=templates)
     echo(f"sloctl serve on http://{host}:{sock.getsockname()[1]} (state in {cfg.serve.state_db})")
     server = uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="warning"))

@@ -34,9 +34,59 @@ if TYPE_CHECKING:
 
     from sloctl.core.config import IconqSection
 
-__all__ = ["TrainResult", "data_hash", "evaluate_predictor", "split_rows", "train_iconq", "train_stage"]
+__all__ = ["OBJECTIVES", "StageObjective", "TrainResult", "data_hash", "evaluate_predictor", "split_rows",
+           "train_iconq", "train_stage"]
 
 SPLITS = ("train", "val", "test")
+#: What each model is selected on: the champion gate's metric and the Optuna studies' objective.
+OBJECTIVES = {"stage": "val_isolated_q_error_p90", "iconq": "val_q_error_p90"}
+
+
+class StageObjective:
+    """LightGBM callback: Stage's selection metric on the validation rows, as LightGBM's own eval results.
+
+    Every round it appends ``("valid_0", "val_isolated_q_error_p90", value,
+    False)`` to the round's evaluation list; ``value`` is computed every
+    ``period`` rounds and at the last (in between it is the last computed
+    one) and is what :func:`train_stage` would report for the model at that
+    round: the p90 Q-error on the validation split's isolated
+    ``ok`` rows, the exact-repeat cache answering the rows it knows. An
+    ``optuna_integration.LightGBMPruningCallback`` placed after it (same
+    ``period``) then prunes on the study's objective itself, not on
+    LightGBM's log-space L1.
+    """
+
+    name = OBJECTIVES["stage"]
+
+    def __init__(self, config: StageConfig, train: pd.DataFrame, val: pd.DataFrame, period: int = 10) -> None:
+        import math
+
+        self.period = period
+        self.value = float("nan")  # the metric at the last round it was computed (every ``period`` rounds)
+        self.matrix = StageModel(config)._matrix(val)
+        self._raw = np.zeros(len(val))
+        self.actual_s = val["latency_s"].to_numpy(dtype=float)
+        self.cached_log = np.full(len(val), np.nan)
+        if config.use_cache and "sql_hash" in train.columns:
+            medians = train.groupby(["sql_hash", "cluster_size"])["latency_s"].median()
+            known = {(str(k), int(size)): float(v) for (k, size), v in medians.items()}
+            for i, key in enumerate(zip(val["sql_hash"].astype(str), val["cluster_size"].astype(int), strict=True)):
+                if key in known:
+                    self.cached_log[i] = math.log(known[key])
+
+    def __call__(self, env: Any) -> None:
+        # one tree's contribution per round (the running sum is the model's log prediction at this round)
+        self._raw = self._raw + env.model.predict(self.matrix, start_iteration=env.iteration, num_iteration=1,
+                                                  raw_score=True)
+        if (env.iteration + 1) % self.period == 0 or env.iteration + 1 == env.end_iteration:
+            log_pred = np.where(np.isnan(self.cached_log), self._raw, self.cached_log)
+            self.value = q_error_summary(np.exp(log_pred), self.actual_s)["p90"]
+        try:  # lightgbm >= 4.7 keeps results as EvalResult (a named tuple); older releases as plain tuples
+            from lightgbm.basic import EvalResult
+        except ImportError:
+            env.evaluation_result_list.append(("valid_0", self.name, self.value, False))
+        else:
+            env.evaluation_result_list.append(EvalResult("valid_0", self.name, self.value, False))
 
 
 @dataclass
@@ -56,7 +106,7 @@ def data_hash(log: pd.DataFrame) -> str:
     import pandas as pd
 
     digest = pd.util.hash_pandas_object(log[list(COLUMNS)], index=False).to_numpy().tobytes()
-    return hashlib.sha256(digest).hexdigest()[:16]
+    return hashlib.sha256(digest).hexdigest()[:16]  # as sloctl.registry.provenance hashes a log
 
 
 def split_rows(n: int, val_fraction: float, test_fraction: float, seed: int) -> dict[str, np.ndarray]:
@@ -128,19 +178,24 @@ def train_stage(log: pd.DataFrame, config: StageConfig, *, val_fraction: float =
     Stage's job is isolated latency, so it is selected on
     ``val_isolated_q_error_p90``. ``risk_quantile`` (``router.risk_quantile``)
     calibrates the SLO margin the predictor carries; ``None`` skips it.
+    With ``callbacks`` (LightGBM callbacks, e.g. Optuna pruning), Stage is
+    fitted with the validation split's isolated rows as its eval set and a
+    :class:`StageObjective` first in the list, so that the callbacks see the
+    selection metric every 10 rounds as ``val_isolated_q_error_p90``.
     """
     _check_log(log)
     splits = split_rows(len(log), val_fraction, test_fraction, seed)
     neighbours = overlap_counts(log).to_numpy()
     ok = log["status"].to_numpy() == "ok"
-    stage = fit_stage(log, splits["train"], config, neighbours)
-    if callbacks:  # refit with an eval set so that tuners can prune on it
-        val_iso = splits["val"][ok[splits["val"]] & (neighbours[splits["val"]] == 0)]
-        train_iso = splits["train"][ok[splits["train"]] & (neighbours[splits["train"]] == 0)]
-        if len(val_iso):
-            frame = log.iloc[train_iso]
-            stage = StageModel(config).fit(frame, frame["latency_s"].to_numpy(), callbacks=callbacks,
-                                           eval_set=(log.iloc[val_iso], log["latency_s"].to_numpy()[val_iso]))
+    val_iso = splits["val"][ok[splits["val"]] & (neighbours[splits["val"]] == 0)]
+    train_iso = splits["train"][ok[splits["train"]] & (neighbours[splits["train"]] == 0)]
+    if callbacks and len(val_iso) and len(train_iso) >= 2:  # an eval set, so that tuners can prune on it
+        frame, val = log.iloc[train_iso], log.iloc[val_iso]
+        stage = StageModel(config).fit(frame, frame["latency_s"].to_numpy(),
+                                       callbacks=[StageObjective(config, frame, val), *callbacks],
+                                       eval_set=(val, val["latency_s"].to_numpy()))
+    else:
+        stage = fit_stage(log, splits["train"], config, neighbours)
     predicted = stage.predict(log)
     actual = log["latency_s"].to_numpy()
     metrics: dict[str, float] = {}

@@ -15,7 +15,12 @@ Both respect a cap on retry amplification: attempts (originals and retries,
 every hop) per original call. The winner is then run in the discrete-event
 simulator — an independent check of the approximation it was chosen with — and
 the policy (budgets plus the predicted and simulated rejection tables) can be
-registered in MLflow as ``retry-policy`` for the runtime and the Envoy sidecars.
+registered in MLflow as ``retry-policy-<network>`` (one registered model per
+network, so that optimising one network never replaces another's budgets) for
+the runtime and the Envoy sidecars. The registration records what the budgets
+were optimised on (network name and content hash, offered load, arrivals) as
+``provenance.*`` tags and the network as an MLflow dataset input, and says why
+when every class got k = 0 (:func:`zero_budget_note`).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ from sloctl.models.retry_network import NetworkSpec, network_from_mapping
 from sloctl.registry.store import load_policy, register_policy
 from sloctl.simulation.retry_sim import simulate_network
 
-__all__ = ["BudgetSearch", "explain_no_retries", "load_retry_policy", "optimise_budgets", "register_retry_policy"]
+__all__ = ["BudgetSearch", "explain_no_retries", "load_retry_policy", "network_name", "optimise_budgets",
+           "register_retry_policy", "retry_policy_name", "zero_budget_note"]
 
 Objective = Literal["goodput", "targets"]
 
@@ -230,12 +236,74 @@ def policy_hash(policy: Mapping[str, Any]) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def network_name(source: str) -> str:
+    """The network's name from its file (``configs/networks/hotel.yaml`` is ``hotel``), as a registry name allows.
+
+    Raises:
+        ValueError: nothing usable is left (names are letters, digits, ``_``, ``.`` and ``-``).
+    """
+    import re
+    from pathlib import Path
+
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(str(source)).stem).strip("-.")
+    if not stem:
+        raise ValueError(f"The 'network' of a retry policy must be a name of letters, digits, '_', '.' or '-', "
+                         f"got {source!r}.")
+    return stem
+
+
+def retry_policy_name(network: str) -> str:
+    """The registered model of ``network``'s retry budgets: ``retry-policy-<network>``.
+
+    MLflow refuses ``/`` in registered-model names, hence ``-``. ``sloctl serve``
+    serves each network's policy by this name (``?network=`` on
+    ``/v1/retry-policy``).
+    """
+    return f"{RetryPolicy.kind}-{network_name(network)}"
+
+
+def _network_frame(policy: RetryPolicy) -> Any:
+    """The network a policy was optimised on, one row per (class, service): arrivals, capacity, buffer, k."""
+    import pandas as pd
+
+    net = policy.network
+    rows = []
+    for klass, row in policy.retries.items():
+        for service, k in row.items():
+            body = net["services"][service]
+            rows.append({"class": klass, "service": service,
+                         "arrival_per_s": float(net.get("arrivals", {}).get(klass, {}).get(service, 0.0)),
+                         "capacity_per_s": float(body["capacity_per_s"]), "buffer": int(body["buffer"]),
+                         "k": int(k)})
+    return pd.DataFrame(rows)
+
+
+def zero_budget_note(policy: RetryPolicy) -> str | None:
+    """Why every class got k = 0, in one line (``None`` when some class may retry).
+
+    The optimiser's own reasons (``policy.explanation``, per class, see
+    :func:`explain_no_retries`); a policy without them (registered by an
+    older sloctl) says only that it was not explained.
+    """
+    if any(k for row in policy.retries.values() for k in row.values()):
+        return None
+    reasons = "; ".join(f"{klass}: {why}" for klass, why in (policy.explanation or {}).items())
+    return "every class gets k = 0 (no retries) — " + (reasons or "the optimiser gave no reason")
+
+
 def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment: str, source: str = "",
-                          name: str | None = None, alias: str = "champion") -> str:
-    """Log ``policy`` to MLflow and register it as model ``name`` (default ``retry-policy``); ``alias`` moves to it.
+                          network: str | None = None, name: str | None = None, alias: str = "champion") -> str:
+    """Log ``policy`` to MLflow and register it as ``retry-policy-<network>``; ``alias`` moves to it.
 
     ``source`` (the network file) and, if the policy lacks one, its data hash
-    (network and budgets) join its provenance.
+    (network and budgets) join its provenance, with what the budgets were
+    optimised on: ``network`` (default: the file's stem), the network's own
+    hash, its offered load ``ρ`` and arrivals per second, recorded as
+    ``provenance.*`` tags, and the network table as a dataset input. When
+    every class got k = 0, :func:`zero_budget_note` is recorded
+    (``registration_note`` tag) for the caller to print. A policy whose
+    network neither ``network`` nor ``source`` names is registered as plain
+    ``retry-policy`` (what ``sloctl serve`` serves without ``?network=``).
 
     Returns:
         The registered version.
@@ -243,8 +311,14 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
     from dataclasses import replace
 
 
+    net_name = network_name(network or source) if (network or source) else "unnamed"
+    spec = network_from_mapping(policy.network, source="<policy>")
+    arrivals = sum(float(v) for row in policy.network.get("arrivals", {}).values() for v in row.values())
+    load = {"network": net_name, "network_hash": policy_hash({"network": policy.network, "retries": {}}),
+            "offered_rho": f"{offered_rho(spec):.6g}", "arrivals_per_s": f"{arrivals:.6g}",
+            "load_scale": f"{float(policy.search.get('load_scale', 1.0)):.6g}"}
     provenance = {"data_hash": policy_hash({"network": policy.network, "retries": policy.retries}),
-                  **policy.provenance, **({"source": source} if source else {})}
+                  **policy.provenance, **({"source": source} if source else {}), **load}
     policy = replace(policy, provenance=provenance)
     metrics = {"amplification": policy.amplification, "weighted_goodput_per_s": policy.score}
     for c, row in policy.predicted.items():
@@ -255,9 +329,13 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
               "max_retries": policy.search["max_retries"], "per_hop": policy.search["per_hop"],
               "max_amplification": policy.search["max_amplification"],
               **{f"k_{c}": json.dumps(v, sort_keys=True) for c, v in policy.retries.items()}}
-    return register_policy(policy, name=name, tracking_uri=tracking_uri, experiment=experiment, params=params,
-                           metrics=metrics, tags={"network_source": source, "feasible": str(policy.feasible)},
-                           alias=alias)
+    note = zero_budget_note(policy)
+    tags = {"network_source": source, "feasible": str(policy.feasible),
+            **{f"provenance.{k}": v for k, v in load.items()}, **({"registration_note": note} if note else {})}
+    default = retry_policy_name(net_name) if (network or source) else RetryPolicy.kind
+    return register_policy(policy, name=name or default, tracking_uri=tracking_uri,
+                           experiment=experiment, params=params, metrics=metrics, tags=tags, alias=alias,
+                           inputs=[(_network_frame(policy), f"network-{net_name}", "optimisation")])
 
 
 def load_retry_policy(uri: str = f"models:/{RetryPolicy.kind}@champion", *, tracking_uri: str) -> RetryPolicy:

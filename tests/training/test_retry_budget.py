@@ -58,7 +58,7 @@ def test_policy_is_confirmed_registered_and_loaded_back(overloaded, tmp_path):
         assert abs(row["end_to_end_rejection"] - policy.predicted[klass]["end_to_end_rejection"]) < 0.05
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     version = register_retry_policy(policy, tracking_uri=uri, experiment="t", source=TANDEM)
-    loaded = load_retry_policy(tracking_uri=uri)
+    loaded = load_retry_policy("models:/retry-policy-tandem@champion", tracking_uri=uri)
     assert version == "1"
     assert loaded.retries == policy.retries and loaded.kind == "retry-policy"
     assert loaded.provenance["source"] == TANDEM and loaded.provenance["data_hash"] == policy.provenance["data_hash"]
