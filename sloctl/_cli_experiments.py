@@ -276,7 +276,7 @@ def experiment_sizer_cmd(
     if not live:
         _scaling("sizer", log, model, copies, seed, as_json, config, plot)
         return
-    _experiment_scaling_live("sizer", log, model, db, seed, warmup_s, live_budgets, as_json, config)
+    _experiment_scaling_live("sizer", log, model, db, seed, warmup_s, live_budgets, as_json, config, plot)
 
 
 @experiment_app.command("trigger")
@@ -301,11 +301,11 @@ def experiment_trigger_cmd(
     if not live:
         _scaling("trigger", log, model, copies, seed, as_json, config, plot)
         return
-    _experiment_scaling_live("trigger", log, model, db, seed, warmup_s, live_budgets, as_json, config)
+    _experiment_scaling_live("trigger", log, model, db, seed, warmup_s, live_budgets, as_json, config, plot)
 
 
 def _experiment_scaling_live(kind: str, log: list[Path], model: str, db: Path | None, seed: int, warmup_s: float,
-                             budgets: bool, as_json: bool, config: Path | None) -> None:
+                             budgets: bool, as_json: bool, config: Path | None, plot: Path | None = None) -> None:
     """``experiment trigger|sizer --live``: one live scenario, the router alone against it with the Autoscaler."""
     from sloctl._cli_common import load_cli_model
     from sloctl.experiments.live_warehouse import live_autoscale_experiment
@@ -327,6 +327,10 @@ def _experiment_scaling_live(kind: str, log: list[Path], model: str, db: Path | 
                                            guard=router.guard, violation_spread=router.violation_spread,
                                            warmup_s=warmup_s, on_progress=progress,
                                            pool_options=cfg.warehouse.pool_options() if budgets else None)
+    if plot is not None:
+        from sloctl.experiments.plots import plot_approach_bars
+
+        echo(f"wrote {plot_approach_bars(result['results'], plot, title=f'experiment {kind} --live (seed {seed})')}")
     if as_json:
         typer.echo(json.dumps(result))
         return
