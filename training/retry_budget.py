@@ -299,8 +299,9 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
     (network and budgets) join its provenance, with what the budgets were
     optimised on: ``network`` (default: the file's stem), the network's own
     hash, its offered load ``ρ`` and arrivals per second, recorded as
-    ``provenance.*`` tags, and the network table as a dataset input. When
-    every class got k = 0, :func:`zero_budget_note` is recorded
+    ``provenance.*`` tags, and the network table as a dataset input. Each
+    class the optimiser gave no retries has its reason as tag
+    ``why_k0.<class>``; when every class got k = 0, :func:`zero_budget_note` is recorded
     (``registration_note`` tag) for the caller to print. A policy whose
     network neither ``network`` nor ``source`` names is registered as plain
     ``retry-policy`` (what ``sloctl serve`` serves without ``?network=``).
@@ -331,7 +332,8 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
               **{f"k_{c}": json.dumps(v, sort_keys=True) for c, v in policy.retries.items()}}
     note = zero_budget_note(policy)
     tags = {"network_source": source, "feasible": str(policy.feasible),
-            **{f"provenance.{k}": v for k, v in load.items()}, **({"registration_note": note} if note else {})}
+            **{f"provenance.{k}": v for k, v in load.items()}, **({"registration_note": note} if note else {}),
+            **{f"why_k0.{klass}": why[:5000] for klass, why in policy.explanation.items()}}  # MLflow caps values
     default = retry_policy_name(net_name) if (network or source) else RetryPolicy.kind
     return register_policy(policy, name=name or default, tracking_uri=tracking_uri,
                            experiment=experiment, params=params, metrics=metrics, tags=tags, alias=alias,

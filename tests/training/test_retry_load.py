@@ -84,3 +84,20 @@ def test_cli_rho_scales_the_load_and_prints_why_k0():
     assert set(doc["explanation"]) == {"low"}
     bad = runner.invoke(retry_app, [*args, "--load", "-1"])
     assert bad.exit_code == 2 and "--rho" in bad.output
+
+
+@pytest.mark.slow  # a fresh MLflow store and a registration: 10-20 s on 2 cores
+def test_registered_policy_carries_the_load_and_each_k0_reason_as_tags(tmp_path):
+    from mlflow import MlflowClient
+
+    from sloctl.training.retry_budget import load_retry_policy, register_retry_policy, retry_policy_name
+
+    policy = optimise_budgets(load_network(HOTEL), BudgetSearch(max_retries=2), load=2.0)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    version = register_retry_policy(policy, tracking_uri=uri, experiment="t", source=str(HOTEL))
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run = client.get_run(client.get_model_version(retry_policy_name("hotel"), version).run_id)
+    assert run.data.tags["why_k0.low"] == policy.explanation["low"] and "why_k0.high" not in run.data.tags
+    assert float(run.data.tags["provenance.offered_rho"]) == pytest.approx(2.0)
+    loaded = load_retry_policy(f"models:/{retry_policy_name('hotel')}@champion", tracking_uri=uri)
+    assert loaded.explanation == policy.explanation
