@@ -147,10 +147,13 @@ class ProtegoPolicy(AdmitAll):
     exceeds the request's remaining SLO); memory bandwidth is not managed.
 
     Credits (as in Protego's published controller): every ``credit_interval_s`` compare this
-    interval's completions ``Δout`` and arrivals ``Δin`` with the last interval's; the pool grows by
-    ``step`` only if ``Δout`` rose, ``10 · Δout ≥ Δin`` and the credits were all in use at some point of
-    the interval, otherwise it shrinks by ``step``. A request is admitted while fewer than the pool are
-    in flight. ``credits=False`` leaves only the lock AQM.
+    interval's completions ``Δout`` with the last interval's; the pool grows by ``step`` only if
+    ``Δout`` rose, ``10 · Δout ≥ Δin`` and the credits were all in use at some point of the interval,
+    otherwise it shrinks by ``step``. ``Δin`` counts the requests admitted in the interval (requests
+    that entered the server): counting refused arrivals too would make ``10 · Δout ≥ Δin`` false at
+    any overload above 10 × what the pool lets through, and a pool that once shrank could never grow
+    back (measured: the pool collapsed to 1 credit at 2 × and 4 × load). A request is admitted while
+    fewer than the pool are in flight. ``credits=False`` leaves only the lock AQM.
 
     Lock AQM: the expected wait is ``(queue_len + 1) · h`` (the waiters plus the holder's section),
     ``h`` an EWMA of lock hold times; the budget is what is left of the SLO after the time already
@@ -185,10 +188,10 @@ class ProtegoPolicy(AdmitAll):
     def on_arrival(self, req: AdmissionRequest, now_s: float) -> bool:
         if not self.credits:
             return True
-        self._in += 1
         if self.in_flight_ >= max(1.0, self.credits_):
             self._saturated = True
             return False
+        self._in += 1
         self.in_flight_ += 1
         self._saturated |= self.in_flight_ >= self.credits_
         req.ctx["credit"] = True
