@@ -188,7 +188,7 @@ def _run_arm(arm: str, db_path: Path, arrivals: list[dict[str, Any]], sql: Mappi
             rec["outcome"] = q.outcome if q is not None else None
             rec["attempts"] = len(q.attempts) if q is not None else 0
             records.append(rec)
-        cost = gateway.managed.total_cost(gateway.now_s())
+        cost = gateway.cost()
         counts = dict(gateway.counts)
     per_class, overall = summarise_arm(records, span)
     accounted = overall["lost"] == 0 and counts["admitted"] + counts["deferred"] + counts["shed"] == len(arrivals)

@@ -63,9 +63,10 @@ from sloctl.control.router import Query
 from sloctl.core.config import RouterSection
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.duckdb_pool import DuckDBClusterPool
-from sloctl.datasets.plan_features import PLAN_FEATURES, sql_hash
+from sloctl.datasets.plan_features import sql_hash
 from sloctl.datasets.pool import CANCELLED, QueryCompletion, QueryRequest
 from sloctl.registry.routers import build_router, router_templates
+from sloctl.serving._gateway_log import AttemptLog
 from sloctl.serving._gateway_policy import GatewayPolicy
 from sloctl.serving._gateway_routers import GatewayRouter, LeastQueuedRouter, RandomRouter
 from sloctl.serving._gateway_trino import TrinoError, error
@@ -206,17 +207,6 @@ class GatewayQuery:
                 "error": None if self.error is None else self.error.name}
 
 
-def _db_source(db_path: Path) -> dict[str, str]:
-    """``benchmark`` and ``scale_factor`` of a database named as ``sloctl warehouse generate`` names them.
-
-    They are the log's provenance (what a model trained on it covers); another name gives none.
-    """
-    import re
-
-    match = re.match(r"^(tpch|tpcds)_sf([0-9.]+)\.duckdb$", db_path.name)
-    return {} if match is None else {"benchmark": match.group(1), "scale_factor": match.group(2)}
-
-
 class _PoolBackend:
     """Autoscaler spin-ups and teardowns as real DuckDB cluster processes (readiness polled)."""
 
@@ -274,16 +264,12 @@ class Gateway:
         self.released: dict[str, int] = dict.fromkeys(opts.policy.classes, 0)
         self.counts = {"submitted": 0, "admitted": 0, "deferred": 0, "shed": 0, "forced": 0, "retries": 0,
                        "cancelled": 0, "finished": 0, "failed": 0}
-        self.log_rows: list[dict[str, Any]] = []
         self._attempt_ids = itertools.count(1)
         self._query_ids = itertools.count(1)
         self._stamp = time.strftime("%Y%m%d_%H%M%S", time.gmtime())
-        self._log_path = (Path(opts.log_dir) / f"gateway-{self._stamp}-{uuid.uuid4().hex[:6]}.parquet"
-                          if opts.log_dir is not None else None)
-        self._log_dirty = False
-        self._features: dict[str, dict[str, float]] = {}
-        self._log_lock = threading.Lock()  # one writer of the log file at a time, outside the gateway's lock
+        self.log = AttemptLog(self.db_path, opts.log_dir, self._stamp)
         self._stop = threading.Event()
+        self.dispatch_errors: deque[str] = deque(maxlen=20)
         self._looked_s = -math.inf  # when deferred queries were last asked about
         self.pool = DuckDBClusterPool(self.db_path, **dict(opts.pool_options or {}))
         try:
@@ -319,7 +305,7 @@ class Gateway:
         self.refresh(force=True)
         self.started = True
         self._threads = [threading.Thread(target=self._dispatch, daemon=True, name="sloctl-gateway-dispatch")]
-        if self._log_path is not None:
+        if self.log.path is not None:
             import pandas  # noqa: F401  (the first flush must not pay the import)
             import pyarrow.parquet  # noqa: F401
 
@@ -638,22 +624,32 @@ class Gateway:
                 done = self.pool.completions(timeout_s=0.05)
             except Exception:
                 done = []
-            with self.lock:
-                for completion in sorted(done, key=lambda c: c.end_s):
-                    if completion.query_id in self.attempts:
-                        self._attempt_ended(completion.query_id, completion)
-                now = self.now_s()
-                ready = len(self.managed.routable(now))
-                self._check_clusters(now)
-                # deferred queries are asked again when a query ended or a cluster became ready, else every 0.1 s
-                # (each look is a model inference per waiting class)
-                changed = bool(done) or len(self.managed.routable(now)) != ready
-                self._release(now, look=changed or now - self._looked_s >= 0.1)
-                self._expire(now)
+            try:
+                self._dispatch_once(done)
+            except Exception as exc:  # never let the dispatcher die: every running query would hang
+                import traceback
+
+                self.dispatch_errors.append(f"{type(exc).__name__}: {exc} | "
+                                            + " ".join(traceback.format_exc().split())[-600:])
+
+    def _dispatch_once(self, done: list[QueryCompletion]) -> None:
+        """Completions, dead clusters, deferred queries, expired results: one look, under the lock."""
+        with self.lock:
+            for completion in sorted(done, key=lambda c: c.end_s):
+                if completion.query_id in self.attempts:
+                    self._attempt_ended(completion.query_id, completion)
+            now = self.now_s()
+            ready = len(self.managed.routable(now))
+            self._check_clusters(now)
+            # deferred queries are asked again when a query ended or a cluster became ready, else every 0.1 s
+            # (each look is a model inference per waiting class)
+            changed = bool(done) or len(self.managed.routable(now)) != ready
+            self._release(now, look=changed or now - self._looked_s >= 0.1)
+            self._expire(now)
 
     def _flusher(self) -> None:
         while not self._stop.wait(1.0):
-            if self._log_dirty:
+            if self.log.dirty:
                 with contextlib.suppress(Exception):  # a failed write is retried at the next tick and at close
                     self.flush_log()
 
@@ -792,79 +788,55 @@ class Gateway:
         return self.managed.clusters[cluster_id].running if cluster_id in self.managed.clusters else 0
 
     # -- the query log -----------------------------------------------------------------
-    def _plan_features(self, rows: list[dict[str, Any]]) -> None:
-        """Fill in the plan features of logged attempts that lack them (router table, else EXPLAIN, once per text)."""
-        missing = [row for row in rows if "_sql" in row and not all(name in row for name in PLAN_FEATURES)]
-        if not missing:
-            return
-        table = self.built.templates if self.built is not None else self.templates
-        con = None
-        try:
-            for row in missing:
-                sql = row["_sql"]
-                features = self._features.get(row["sql_hash"])
-                if features is None and table is not None:
-                    match = table.loc[table["template"] == row["template"]]
-                    if len(match):
-                        features = {name: float(match[name].iloc[0]) for name in PLAN_FEATURES}
-                if features is None:
-                    if con is None:
-                        import duckdb
-
-                        from sloctl.datasets.plan_features import PlanFeaturizer
-
-                        con = duckdb.connect(str(self.db_path), read_only=True)
-                        featurize = PlanFeaturizer(con)
-                    features = featurize(sql)
-                self._features[row["sql_hash"]] = features
-                row.update(features)
-        finally:
-            if con is not None:
-                con.close()
-
     def _log_attempt(self, q: GatewayQuery, record: Any, done: QueryCompletion) -> None:
         cluster = self.managed.clusters[record.cluster_id]
         arrival = record.query.arrival_s
         end = done.end_s - self.base
         start = min(max(done.start_s - self.base, arrival), end)
-        attempt = q.attempts[-1]
-        self.log_rows.append({
+        self.log.append({
             "query_id": record.query.query_id, "template": q.template, "sql_hash": q.sql_hash,
             "cluster_id": record.cluster_id, "cluster_size": cluster.size, "arrival_s": arrival,
             "start_s": start, "end_s": end, "latency_s": end - arrival, "status": done.status,
             "slo_s": q.slo_s if math.isfinite(q.slo_s) else float("nan"),
-            "oversubscribed": bool(done.oversubscribed), "_sql": q.sql,
-            "gateway_query": q.query_id, "query_class": q.klass, "attempt": int(attempt["attempt"]),
-            "error": done.error or "", "cancelled": done.error == CANCELLED})
-        self._log_dirty = True
+            "oversubscribed": bool(done.oversubscribed), "gateway_query": q.query_id, "query_class": q.klass,
+            "attempt": int(q.attempts[-1]["attempt"]), "error": done.error or "", "cancelled": done.error == CANCELLED},
+            q.sql)
+
+    @property
+    def log_rows(self) -> list[dict[str, Any]]:
+        """The logged attempts (rows of :meth:`query_log`, before plan features are filled in)."""
+        return self.log.rows
+
+    def _table(self) -> Any:
+        return self.built.templates if self.built is not None else self.templates
 
     def query_log(self) -> Any:
         """The attempts so far as a validated query log (a DataFrame)."""
-        import pandas as pd
-
-        from sloctl.datasets.querylog import COLUMNS, validate_log
-
-        with self.lock:
-            rows = [dict(row) for row in self.log_rows]
-        with self._log_lock:
-            self._plan_features(rows)
-        rows = [{k: v for k, v in row.items() if k != "_sql"} for row in rows]
-        frame = pd.DataFrame(rows, columns=None if rows else list(COLUMNS))
-        return validate_log(frame, source="gateway query log")
+        return self.log.frame(self._table())
 
     def flush_log(self) -> Path | None:
         """Rewrite this run's log file (atomically); ``None`` without ``log_dir`` or rows."""
-        from sloctl.datasets.querylog import write_log
-
-        if self._log_path is None or not self.log_rows:
-            return None
-        self._log_dirty = False
-        frame = self.query_log()
-        with self._log_lock:
-            return write_log(frame, self._log_path, metadata={"source": "sloctl gateway", "workload": "gateway",
-                                                              "router": self.router_kind(), **_db_source(self.db_path)})
+        return self.log.flush(self._table(), router=self.router_kind())
 
     # -- views ------------------------------------------------------------------------
+    def cost(self, cluster_id: str | None = None) -> float:
+        """The bill so far (one cluster's, or the total), without moving any billing timer.
+
+        ``ManagedPool.cost`` advances a timer to the time it is read at; a
+        completion observed after that (the worker's end is in the past) would
+        then move it backwards. The gateway reads copies.
+        """
+        import copy
+
+        with self.lock:
+            now = self.now_s()
+            ids = [cluster_id] if cluster_id is not None else list(self.managed.clusters)
+            total = 0.0
+            for cid in ids:
+                state = self.managed.clusters[cid].state
+                total += state.price_per_unit_s * state.size * copy.copy(state.timer).active_s(now)
+            return total
+
     def status(self) -> dict[str, Any]:
         """What ``GET /v1/gateway`` answers: clusters, router, policy, counts, waiting queries."""
         with self.lock:
@@ -874,12 +846,12 @@ class Gateway:
                 "router": self.router_kind(), "model": self.model_source, "swaps": self.swaps,
                 "slo_margin": None if self.built is None else self.built.slo_margin,
                 "admission": self.options.admission, "retries": self.options.retries,
-                "autoscaler": self.autoscaler_note,
+                "autoscaler": self.autoscaler_note, "dispatch_errors": list(self.dispatch_errors),
                 "policy": self.policy.to_doc(), "slots": slots, "counts": dict(self.counts),
                 "waiting": {k: len(v) for k, v in self.deferred.items()},
                 "clusters": [{"cluster_id": cid, "size": c.size, "running": c.running,
                               "ready": c.is_ready(now) and not c.torn_down, "torn_down": c.torn_down,
-                              "cost": self.managed.cost(cid, now)} for cid, c in self.managed.clusters.items()],
-                "total_cost": self.managed.total_cost(now), "log": None if self._log_path is None
-                else str(self._log_path), "logged_attempts": len(self.log_rows),
+                              "cost": self.cost(cid)} for cid, c in self.managed.clusters.items()],
+                "total_cost": self.cost(), "log": None if self.log.path is None
+                else str(self.log.path), "logged_attempts": len(self.log),
                 "events": list(self.managed.events)[-50:]}

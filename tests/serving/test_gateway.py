@@ -133,7 +133,7 @@ def test_delete_cancels_a_running_query_on_its_cluster(served, wait_until):
     assert time.monotonic() - started < 30
     logged = gateway.query_log()
     row = logged[logged["gateway_query"] == qid]
-    assert list(row["status"]) == ["error"] and bool(row["cancelled"].iloc[0])
+    assert list(row["status"]) == ["error"] and bool(row["cancelled"].iloc[0]), gateway.status()["dispatch_errors"]
 
 
 def test_every_attempt_lands_in_a_valid_query_log(served, tpch_templates):
@@ -150,3 +150,14 @@ def test_every_attempt_lands_in_a_valid_query_log(served, tpch_templates):
     assert len(ok) >= 1 and (ok["status"] == "ok").all()
     assert (ok["start_s"] >= ok["arrival_s"]).all() and (ok["end_s"] >= ok["start_s"]).all()
     assert ok["f_nodes"].notna().all()  # plan features, from EXPLAIN
+
+
+def test_reading_the_bill_while_a_completion_is_pending_does_not_break_the_gateway(served, wait_until):
+    """The status view reads billing timers; a completion observed after it must still be processed."""
+    gateway, client, _ = served
+    with gateway.lock:  # the dispatcher waits: the query ends on its cluster, its completion is not handled yet
+        q = gateway.submit("SELECT 7", user="u")
+        wait_until(lambda: all(info.running == 0 for info in gateway.pool.clusters()), "the query to end there")
+        gateway.status()  # reads every timer now, after the query's end
+    assert q.done.wait(10) and q.state == "FINISHED" and q.data == [[7]]
+    assert gateway.status()["dispatch_errors"] == []
