@@ -346,7 +346,7 @@ class EpsilonGreedyTuner(_NeighbourBandit):
     def __init__(self, max_capacity: int, max_bandwidth: float, alpha: float = 0.7, omega: float = 0.8,
                  epsilon: float = 0.3, interval_s: float = 0.0005, seed: int = 0,
                  initial_capacity: int | None = None, follow_through: bool = True, significance: float = 3.0,
-                 epsilon_min: float | None = 0.15, epsilon_half_life: float = 20.0) -> None:
+                 epsilon_min: float | None = 0.2, epsilon_half_life: float = 20.0) -> None:
         super().__init__(max_capacity, max_bandwidth, alpha, interval_s, seed, initial_capacity, follow_through,
                          significance)
         self.omega = omega
