@@ -232,6 +232,8 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
 
     import optuna
 
+    from sloctl.training.optuna_shared import TrialSeededSampler, open_storage
+
     if model not in OBJECTIVES:
         raise ValueError(f"The 'model' parameter must be 'stage' or 'iconq', got {model!r}.")
     if trials < 1:
@@ -240,12 +242,13 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
     logging.getLogger("optuna").setLevel(logging.WARNING)
     objective_name = OBJECTIVES[model]
     log_hash = data_hash(log)
-    study = optuna.create_study(study_name=study_name, storage=storage, load_if_exists=True, direction="minimize",
+    study = optuna.create_study(study_name=study_name, storage=open_storage(storage), load_if_exists=True,
+                                direction="minimize",
                                 pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=2))
     _bind(study, model, log_hash, log_path, max_epochs, storage)
-    before = len(study.trials)
-    # a resumed study gets a fresh (still seeded) sampler stream, so it does not retry the first trials
-    study.sampler = optuna.samplers.TPESampler(seed=seed + before)
+    # one seeded stream per trial (seed, trial number, trial id): parallel workers on one study and resumed
+    # studies draw new trials, one worker on a fresh storage repeats for a seed (training/optuna_shared.py)
+    study.sampler = TrialSeededSampler(seed)
 
     def objective(trial: Any) -> float:
         if model == "stage":
@@ -290,7 +293,8 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
     finally:
         if log_to_mlflow:
             mlflow.end_run()
-    return TuneResult(study_name=study_name, n_trials=len(study.trials), n_new=len(study.trials) - before,
+    # n_new: the trials this call ran (other workers on the same study add trials too)
+    return TuneResult(study_name=study_name, n_trials=len(study.trials), n_new=done[0],
                       best_value=study.best_value, best_params=study.best_params, mlflow_run_id=run_id,
                       objective=objective_name, data_hash=log_hash,
                       max_epochs=max_epochs if model == "iconq" else None)
