@@ -251,3 +251,32 @@ def test_forced_placements_reach_the_autoscaler_and_its_spin_ups_start_real_clus
                           "the spun-up cluster to be ready", timeout_s=60)
         assert {info.cluster_id: info.state for info in gateway.pool.clusters()}[new] == "ready"
         assert _run(client, "low", 100.0)[0] == [[42]]  # still serving, now on two clusters
+
+
+@pytest.mark.slow
+def test_with_iconq_the_router_and_admission_use_its_concurrency_aware_predictions(tpch_db, trained_models, sim_log):
+    import trino
+
+    from sloctl.datasets.querylog import template_table
+    from sloctl.serving._gateway_app import create_gateway_app
+    from sloctl.serving.gateway import Gateway, GatewayOptions
+    from sloctl.serving.local import LocalServer
+
+    iconq = trained_models["iconq"].predictor
+    options = GatewayOptions(cluster_sizes=(1, 1), policy=_policy())
+    with Gateway(tpch_db, options, predictor=iconq, templates=template_table(sim_log)) as gateway, \
+            LocalServer(create_gateway_app(gateway)) as client:
+        assert gateway.router_kind() == "iconq" and gateway.built.slo_margin is not None
+        rows, qid = _run(client, "low", 100.0, template="t03")
+        attempt = gateway.get(qid).attempts[0]
+        assert rows == [[42]] and attempt["predicted_s"] > 0 and gateway.get(qid).outcome == "admitted"
+        with pytest.raises(trino.exceptions.TrinoQueryError) as caught:
+            _run(client, "low", 1e-4, template="t03")
+        assert caught.value.error_name == "EXCEEDED_TIME_LIMIT"
+        rows, qid = _run(client, "high", 1e-4, template="t03")
+        assert rows == [[42]] and gateway.get(qid).forced
+        # a model swap re-commits what runs: the gateway keeps serving
+        gateway.predictor = trained_models["stage"].predictor
+        gateway.refresh(force=True)
+        assert gateway.router_kind() == "stage"
+        assert _run(client, "low", 100.0, template="t03")[0] == [[42]]
