@@ -67,6 +67,9 @@ def gateway_cmd(
     autoscaler: Path | None = typer.Option(None, help="YAML of the AutoSLO autoscaler's knobs (window_s, theta, "
                                            "tau_trigger, spinup_delay_s, max_clusters, ...): spin real clusters "
                                            "up and down (needs a latency model)."),
+    retry_uri: str = typer.Option("models:/retry-policy-gateway@champion", help="Registered retry-policy giving "
+                                  "each class's k (what `sloctl retry optimise -n configs/networks/gateway.yaml` "
+                                  "registers); followed and hot-swapped."),
     host: str = typer.Option("127.0.0.1", help="Address. The Trino protocol has no authentication over plain "
                              "HTTP: keep it on loopback or behind TLS."),
     port: int = typer.Option(8081, help="Port."),
@@ -101,7 +104,7 @@ def gateway_cmd(
         cluster_sizes=cluster_sizes, router=router, admission=admission, retries=retries, router_cfg=cfg.router,
         policy=gateway_policy, slo_table=table, log_dir=log_dir, tracking_uri=cfg.registry.tracking_uri,
         model_uri=serve.model_uri, fallback_uri=serve.fallback_uri, admission_uri=serve.admission_uri,
-        retry_uri=serve.retry_uri, watch_interval_s=serve.watch_interval_s,
+        retry_uri=retry_uri, watch_interval_s=serve.watch_interval_s,
         pool_options=cfg.warehouse.pool_options() if budgets else None, autoscaler=knobs)
     gateway = Gateway(database, options, templates=templates).start()
     try:
