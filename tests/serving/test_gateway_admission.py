@@ -283,12 +283,14 @@ def test_with_iconq_the_router_and_admission_use_its_concurrency_aware_predictio
 
 
 def test_the_retry_limits_come_from_sloctl_retry_optimise_on_the_gateway_network():
+    from pathlib import Path
+
     from sloctl.models.retry_network import load_network
     from sloctl.serving._gateway_policy import GatewayPolicy
     from sloctl.training.retry_budget import BudgetSearch, optimise_budgets
 
-    policy = optimise_budgets(load_network("configs/networks/gateway.yaml").scale_arrivals({"high": 2.0, "low": 2.0}),
-                              BudgetSearch(max_retries=3))
+    network = load_network(Path(__file__).resolve().parents[2] / "configs" / "networks" / "gateway.yaml")
+    policy = optimise_budgets(network.scale_arrivals({"high": 2.0, "low": 2.0}), BudgetSearch(max_retries=3))
     merged = GatewayPolicy().with_retries(policy, "models:/retry-policy@champion v1")
     assert {c: merged.klass(c).retries for c in ("high", "low")} == {
         c: policy.budget(c, "warehouse") for c in ("high", "low")}
