@@ -286,7 +286,7 @@ def test_the_middleware_is_an_adapter_the_same_events_get_the_same_decisions():
                                                                      direct.cpu_aqm_.drops)
 
 
-def test_a_non_finite_budget_header_is_a_400_and_takes_no_credit():
+def test_a_non_finite_budget_header_is_a_422_and_takes_no_credit():
     async def app(scope, receive, send):  # pragma: no cover - never reached
         raise AssertionError
 
@@ -298,7 +298,7 @@ def test_a_non_finite_budget_header_is_a_400_and_takes_no_credit():
 
     scope = {"type": "http", "path": "/x", "headers": [(b"x-slo-budget-ms", b"inf")]}
     asyncio.run(middleware(scope, None, send))
-    assert sent[0]["status"] == 400 and middleware.controller.in_flight == 0
+    assert sent[0]["status"] == 422 and middleware.controller.in_flight == 0
 
 
 # -- the asyncio m_semaphore drives the control gate ------------------------------------------------
