@@ -14,9 +14,11 @@ import pytest
 
 pytest.importorskip("trino")
 
-#: about a second on one core at SF 0.01, whatever the template: a query to stop a cluster under
+#: about a second on one core: a query that outlives a short attempt timeout
 SLOW_SQL = "SELECT count(*) FROM range(300000000) t(i) WHERE i % 7 = 3"
-SLOW_COUNT = len(range(3, 300000000, 7))
+#: long enough (>= 0.1 s on a fast core) that a stop sent as it starts lands while it runs
+STOP_SQL = "SELECT count(*) FROM range(100000000) t(i) WHERE i % 7 = 3"
+STOP_COUNT = len(range(3, 100000000, 7))
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +139,7 @@ def test_a_query_on_a_cluster_stopped_mid_run_is_retried_elsewhere_and_the_clien
         out = {}
 
         def client_query() -> None:
-            out["rows"], out["qid"] = _run(client, "high", 60.0, SLOW_SQL)
+            out["rows"], out["qid"] = _run(client, "high", 60.0, STOP_SQL)
 
         thread = threading.Thread(target=client_query)
         thread.start()
@@ -149,7 +151,7 @@ def test_a_query_on_a_cluster_stopped_mid_run_is_retried_elsewhere_and_the_clien
         first = q.attempts[0]["cluster_id"]
         gateway.pool.tear_down(first)  # stopped on purpose while the query runs there
         thread.join(timeout=60)
-        assert out["rows"] == [[SLOW_COUNT]]
+        assert out["rows"] == [[STOP_COUNT]]
         attempts = gateway.get(out["qid"]).attempts
         assert [a["status"] for a in attempts] == ["error", "ok"], attempts
         assert attempts[1]["cluster_id"] != first and gateway.counts["retries"] == 1
