@@ -225,9 +225,12 @@ def simulate_batch(configs: Sequence[ExecutionConfig], workloads: Sequence[Seque
         workloads: the workloads ``W`` (lists of :class:`~sloctl.control.router.Query`).
         runner: picklable top-level callable ``runner(config, queries, seed) -> CellResult``.
         workers: processes (default: all cores); 1 runs in this process.
-            Ignored with ``ray_address``.
-        ray_address: run on Ray instead: an address for ``ray.init``, or
-            ``"local"`` for a local cluster; an already initialised Ray is reused.
+            With ``ray_address="local"``: the CPUs of the local Ray cluster.
+        ray_address: run on Ray instead: an address for ``ray.init``
+            (``ray://head:10001``, ``auto``, ``head:6379``), or ``"local"``
+            for a cluster of this machine started here (and kept for later
+            calls); an already initialised Ray is reused. Every node needs
+            sloctl installed (the runner is unpickled there).
         seed: base seed (see :func:`cell_seed`).
         on_progress: called as ``on_progress(done, total)`` after each cell.
 
@@ -251,11 +254,17 @@ def simulate_batch(configs: Sequence[ExecutionConfig], workloads: Sequence[Seque
 
     if ray_address is not None:
         backend, n_workers = "ray", 0
-        import ray
+        try:
+            import ray
+        except ImportError as exc:
+            raise ImportError("Ray is not installed (ray_address needs it): pip install 'sloctl[ray]'") from exc
 
         if not ray.is_initialized():
+            if ray_address == "local":  # a cluster of this machine only, started here (token auth would only bar us)
+                os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+                os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
             ray.init(address=None if ray_address == "local" else ray_address, include_dashboard=False,
-                     log_to_driver=False)
+                     log_to_driver=False, num_cpus=workers if ray_address == "local" else None)
         remote = ray.remote(num_cpus=1)(_ray_cell)
         runner_ref, workloads_ref = ray.put(runner), ray.put(list(workloads))
         pending = [remote.remote(runner_ref, workloads_ref, *task) for task in tasks]

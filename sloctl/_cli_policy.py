@@ -176,7 +176,7 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
                     kappa: float = 3.0, tau_target: float = 0.05, eta: int = 2, phi: int = 3, seed: int = 0,
                     workers: int | None = None, tracking_uri: str | None = None,
                     experiment: str = "policy-tuner", register: bool = True, log_path: str = "",
-                    on_progress: Any = None) -> dict[str, Any]:
+                    on_progress: Any = None, ray_address: str | None = None) -> dict[str, Any]:
     """Forecast, tune and (optionally) register; returns the JSON-ready summary.
 
     Args:
@@ -187,6 +187,11 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
         hour_units, peak_load: time compression (see the module docstring).
         kappa: SLO multiplier on each template's isolated latency.
         eta, phi: the scheduler's rounds and attempts per round.
+        ray_address: simulate on Ray (``"local"`` or a cluster address; see
+            :func:`~sloctl.simulation.batch.simulate_batch`) instead of the
+            process pool; the result is the same for a seed.
+        on_progress: ``on_progress(done, total)`` after each simulated cell:
+            cells done and cells asked for so far (the tuner asks batch by batch).
         Other arguments: see :func:`~sloctl.training.policy_tuner.tune_policy`.
     """
     import numpy as np
@@ -243,11 +248,11 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
 
         def evaluate(configs, wl):
             nonlocal simulations
+            before = simulations
             simulations += len(configs) * len(wl)
-            batch = simulate_batch(configs, wl, runner=runner, workers=workers, seed=seed)
-            if on_progress is not None:
-                on_progress(simulations)
-            return batch
+            cell = None if on_progress is None else (lambda done, _total: on_progress(before + done, simulations))
+            return simulate_batch(configs, wl, runner=runner, workers=workers, seed=seed, ray_address=ray_address,
+                                  on_progress=cell)
 
         result = tune_policy(space, evaluate=evaluate, train=train, validation=validation, sizes=sizes,
                              delta_s=spinup_delay_s, base=base, strategy=strategy, budget=budget, top_k=top_k,
@@ -303,6 +308,11 @@ def tune_policy_cmd(
                                                            "autoscaler's knobs are tuned); default: round-robin."),
     seed: int = typer.Option(0, help="Seed of forecasts, search and simulation."),
     workers: int | None = typer.Option(None, help="Simulation processes (default: all cores)."),
+    ray: bool = typer.Option(False, "--ray", help="Simulate on Ray instead of local processes: on the cluster at "
+                             "ADDRESS when one follows (ray://head:10001, auto), else on a Ray cluster of this "
+                             "machine (--workers CPUs). Same result for a seed. Needs the ray extra of sloctl."),
+    ray_address: str | None = typer.Argument(None, metavar="ADDRESS", show_default=False,
+                                             help="The Ray cluster of --ray (default: one on this machine)."),
     register: bool = typer.Option(True, help="Register as 'execution-config' (alias champion) in MLflow."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
     config: Path | None = ConfigOption,
@@ -324,11 +334,24 @@ def tune_policy_cmd(
         from sloctl._cli_common import load_cli_model
 
         predictor = load_cli_model(model, cfg)
-    summary = tune_policy_run(history, frame, days=days, target_date=target_date, instance=instance,
-                              predictor=predictor, strategy=strategy, budget=budget, top_k=top_k, seed=seed,
-                              workers=workers, tracking_uri=cfg.registry.tracking_uri,
-                              experiment=cfg.registry.experiment, register=register, log_path=describe_logs(log),
-                              on_progress=lambda n: echo(f"{n} simulations"))
+    if ray_address is not None and not ray:
+        raise typer.BadParameter(f"a Ray address needs --ray before it; got {ray_address!r}",
+                                 param_hint="ADDRESS")
+    address = (ray_address or "local") if ray else None
+    if ray:
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise typer.BadParameter("Ray is not installed: pip install 'sloctl[ray]'", param_hint="--ray")
+    from sloctl.core.progress import progress
+
+    # cells: one configuration on one forecast; the total grows as the tuner asks for batches
+    with progress(f"tune policy ({'ray' if ray else 'processes'}): simulations") as bar:
+        summary = tune_policy_run(history, frame, days=days, target_date=target_date, instance=instance,
+                                  predictor=predictor, strategy=strategy, budget=budget, top_k=top_k, seed=seed,
+                                  workers=workers, tracking_uri=cfg.registry.tracking_uri,
+                                  experiment=cfg.registry.experiment, register=register,
+                                  log_path=describe_logs(log), on_progress=bar.callback(), ray_address=address)
     if as_json:
         typer.echo(json.dumps(summary, default=float))
         return

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
@@ -73,16 +71,12 @@ def test_autoscaler_needs_a_model_based_router():
         RUNNER(ExecutionConfig(autoscaler=AutoscalerConfig()), WORKLOADS[0], 0)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed")
-def test_ray_gives_the_process_pool_results(inline):
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    try:
-        on_ray = simulate_batch(CONFIGS, WORKLOADS, runner=RUNNER, ray_address="local", seed=5)
-    finally:
-        ray.shutdown()
+def test_ray_gives_the_process_pool_results(inline, ray_local):
+    done = []
+    on_ray = simulate_batch(CONFIGS, WORKLOADS, runner=RUNNER, ray_address="local", seed=5,
+                            on_progress=lambda d, t: done.append((d, t)))
     assert on_ray.backend == "ray" and on_ray.equals(inline)
+    assert done == [(k, 6) for k in range(1, 7)]  # inline equals the process pool: the test above
 
 
 def test_spinup_scheduler_on_simulated_forecasts_only_keeps_what_validation_supports():
