@@ -58,7 +58,9 @@ def test_serve_gives_each_networks_sidecars_their_own_budgets(tmp_path):
     base = load_config()
     cfg = dataclasses.replace(base, registry=dataclasses.replace(base.registry, tracking_uri=uri),
                               serve=dataclasses.replace(base.serve, state_db=str(tmp_path / "state.db")))
-    with LocalServer(create_app(cfg, token="t0ken-0123456789abcdef")) as client:
+    token = "t0ken-0123456789abcdef"
+    with LocalServer(create_app(cfg, token=token)) as client:
+        client.headers["Authorization"] = f"Bearer {token}"  # as sidecars sync (not the small public lane)
         hotel = client.get("/v1/retry-policy/envoy", params={"service": "search", "network": "hotel"})
         assert hotel.status_code == 200, hotel.text
         tandem = client.get("/v1/retry-policy/envoy", params={"service": "backend", "network": "tandem"})
@@ -68,7 +70,7 @@ def test_serve_gives_each_networks_sidecars_their_own_budgets(tmp_path):
         assert client.get("/v1/retry-policy", params={"network": "nope"}).status_code == 404
         assert client.get("/v1/retry-policy", params={"network": "a/b"}).status_code == 422
         synced = sync_once(str(client.base_url).rstrip("/"), "search", tmp_path / "routes.json", network="hotel",
-                           client=client)
+                           client=client, token=token)
         assert synced.source == "models:/retry-policy-hotel@champion v1" and synced.num_retries
 
 
