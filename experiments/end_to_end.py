@@ -262,7 +262,10 @@ class EndToEndResult:
         summary: ``autoslo_meets_tau_all``, ``cost_vs_next_best`` and
             ``cost_vs_rais_balanced`` (:func:`summarize`).
         details: per scenario, what is not part of the JSON: the tuned plan,
-            the RAIS resizes, the forecast, wall time.
+            the RAIS resizes, the forecast, wall time, and for a live replay
+            the first draw's ``arrivals`` (queries), the ``plan`` and ``base``
+            :class:`~sloctl.control.scheduler.ExecutionConfig`, ``capacity_per_s``
+            and ``forecast_per_s`` (RAIS's inputs).
     """
 
     tau_target: float
@@ -463,7 +466,10 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                             "spinups": [[s.time_s / hour_s, s.size] for s in chosen.spinups],
                             "rais_resizes": resizes, "forecast_per_hour": (forecast * hour_s).tolist(),
                             "queries": int(np.mean([len(q) for q, _ in draws])),
-                            "wall_s": time.perf_counter() - cell_started})
+                            "wall_s": time.perf_counter() - cell_started,
+                            # what a live replay of this scenario needs (experiments/end_to_end_live.py)
+                            "arrivals": draws[0][0], "plan": chosen, "base": setup.base,
+                            "capacity_per_s": capacity, "forecast_per_s": forecast})
             if on_scenario is not None:
                 on_scenario(scenario)
             if on_progress is not None:

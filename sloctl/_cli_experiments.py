@@ -620,6 +620,21 @@ def experiment_end_to_end_cmd(
                                         "--train-log's rows."),
     plots: Path | None = typer.Option(Path("reports/end_to_end"), help="Folder for one PNG per scenario ('' to "
                                       "skip)."),
+    live: bool = typer.Option(False, "--live", help="Then run one scenario (the first day, --live-kappa) live: "
+                              "AutoSLO's plan enacted by a real `sloctl serve` on DuckDB clusters, and the best "
+                              "baseline of the simulation, on the same arrivals (docs/end_to_end.md)."),
+    db: Path | None = typer.Option(None, "--db", help="With --live: the TPC-H database the grading log was "
+                                   "collected on (default: TPC-H SF 1 in warehouse.data_dir)."),
+    live_kappa: float = typer.Option(2.0, help="With --live: the scenario's κ (one the simulation ran)."),
+    live_time_scale: float | None = typer.Option(None, help="With --live: live seconds per simulated second "
+                                                 "(default: 1, or less so that the day lasts --live-max-day-s; "
+                                                 "below 1 the live load is 1/scale × the simulated one)."),
+    live_max_day_s: float = typer.Option(300.0, help="With --live and no --live-time-scale: the longest live day."),
+    live_budgets: bool = typer.Option(True, "--live-budgets/--live-pinned", help="With --live: sizes as CPU "
+                                      "budgets (warehouse.size_unit_cores) beside the controller's reserved core."),
+    live_registry: str | None = typer.Option(None, help="With --live: the MLflow store to register the plan and "
+                                             "the model in (default: a temporary one; in yours they are named "
+                                             "*-e2e-live, no champion of yours moves)."),
     config: Path | None = ConfigOption,
 ) -> None:
     """AutoSLO end to end (§8.2): the Policy Tuner's plan + Iconq+ router + Autoscaler vs fixed clusters, Queue@N
@@ -628,12 +643,20 @@ def experiment_end_to_end_cmd(
 
     from sloctl.experiments.end_to_end import end_to_end_experiment, plot_scenarios
 
+    if live and not live_kappa > 0:
+        raise typer.BadParameter(f"must be > 0; got {live_kappa}", param_hint="--live-kappa")
+    if live and live_time_scale is not None and not live_time_scale > 0:
+        raise typer.BadParameter(f"must be > 0; got {live_time_scale}", param_hint="--live-time-scale")
+    if live and not live_max_day_s > 0:
+        raise typer.BadParameter(f"must be > 0; got {live_max_day_s}", param_hint="--live-max-day-s")
+
     hourly = hourly if hourly is not None else _shared_hourly()
     if not hourly.is_file():
         raise typer.BadParameter(f"no hourly counts at {hourly}; name the Redset hourly Parquet or set SLOCTL_SHARED",
                                  param_hint="--hourly")
     _held_out_or_exit(train_log, grade_log, allow_same_log, "--train-log")
     cfg = load_cli_config(config)
+    live_db = _live_db(db, cfg) if live else None
     train, grade = read_logs(train_log, "--train-log"), read_logs(grade_log, "--grade-log")
     labels = {"train_log": ",".join(map(str, train_log)), "grade_log": ",".join(map(str, grade_log)), "model": model}
 
@@ -646,13 +669,35 @@ def experiment_end_to_end_cmd(
             cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
             bar.log(f"{s['day']} κ={s['kappa']:g} (graded in the held-out world): {cells}")
 
-        result = end_to_end_experiment(hourly, train, grade, _model_folder(model, cfg, stack), instance=instance,
+        bundle = _model_folder(model, cfg, stack)
+        result = end_to_end_experiment(hourly, train, grade, bundle, instance=instance,
                                        seed=seed, quick=quick, router=cfg.router, allow_same_log=allow_same_log,
                                        labels=labels, on_scenario=progress, on_progress=bar.callback())
+        live_doc = None
+        if live:
+            from sloctl.experiments.end_to_end import EndToEndConfig
+            from sloctl.experiments.end_to_end_live import LiveEndToEndConfig, end_to_end_live
+
+            def live_progress(approach: str, done: int, total: int) -> None:
+                bar.update(done, total=total, description=f"experiment end-to-end --live: {approach}, queries")
+
+            kappas = sorted({s["kappa"] for s in result.scenarios})
+            if not any(abs(k - live_kappa) < 1e-9 for k in kappas):
+                raise typer.BadParameter(f"must be a κ the simulation ran ({', '.join(f'{k:g}' for k in kappas)}); "
+                                         f"got {live_kappa:g}", param_hint="--live-kappa")
+            e2e = EndToEndConfig().quick() if quick else EndToEndConfig()
+            live_doc = end_to_end_live(
+                result, live_db, bundle, router=cfg.router, tuner=e2e.tuner,
+                pool_options=cfg.warehouse.pool_options() if live_budgets else None,
+                cfg=LiveEndToEndConfig(kappa=live_kappa, time_scale=live_time_scale, max_day_s=live_max_day_s,
+                                       budgets=live_budgets, tracking_uri=live_registry),
+                on_progress=live_progress)
     if plots is not None and str(plots):
         for path in plot_scenarios(result, plots):
             echo(f"wrote {path}")
     doc = result.to_json()
+    if live_doc is not None:
+        doc["live"] = live_doc
     if as_json:
         typer.echo(json.dumps(doc, default=float))
         return
@@ -672,6 +717,28 @@ def experiment_end_to_end_cmd(
     typer.echo(f"AutoSLO meets τ in every scenario: {summary['autoslo_meets_tau_all']}; cost vs the cheapest "
                f"baseline meeting τ {pct(summary['cost_vs_next_best'])}, vs RAIS balanced "
                f"{pct(summary['cost_vs_rais_balanced'])} (negative = cheaper)")
+    if live_doc is not None:
+        _echo_end_to_end_live(live_doc)
+
+
+def _echo_end_to_end_live(live: dict) -> None:
+    """The live scenario beside its simulation, and what the runtime enacted."""
+    s, ts = live["scenario"], live["time_scale"]
+    typer.echo(f"live {s['day']} κ={s['kappa']:g}: {s['queries']} queries, times × {ts['live_s_per_sim_s']:.3g} "
+               f"(a {ts['live_day_s']:.0f} s day, load × {ts['load_vs_simulation']:.3g} the simulated one); "
+               f"baseline {live['baseline']} ({live['baseline_why']})")
+    for name, r in live["results"].items():
+        lv, sim = r["live"], r["simulation"]
+        typer.echo(f"  {name:<17} live VR {lv['vr']:.3f} cost {lv['cost']:8.2f}   simulated VR {sim['vr']:.3f} "
+                   f"cost {sim['cost']:8.2f}")
+    typer.echo(f"  live graded by {next(iter(live['results'].values()))['live']['graded_by']}; simulated by the "
+               "held-out grade log's world")
+    auto = live["autoslo"]
+    for e in auto["spin_ups"]:
+        typer.echo(f"  runtime spin_up {e.get('cluster_id')} (size {e.get('size')}, {e.get('origin')}) at "
+                   f"{e.get('at')}, ready {e.get('ready_at')}")
+    for e in auto["real_clusters"]:
+        typer.echo(f"  real {e['event']:<5} {e['cluster_id']} (size {e['size']}) at t={e['t']:.1f} s")
 
 
 @experiment_app.command("ablation")
