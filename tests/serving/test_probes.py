@@ -25,9 +25,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def registry_uri(tmp_path_factory) -> str:
-    """One empty registry for the module (creating an MLflow database takes seconds)."""
-    return f"sqlite:///{tmp_path_factory.mktemp('probe-registry') / 'mlflow.db'}"
+def registry_uri(empty_registry_uri) -> str:
+    return empty_registry_uri
 
 
 def _cfg(tmp_path, registry_uri: str, **serve):
