@@ -89,3 +89,18 @@ def test_registering_no_retries_at_all_says_why(tmp_path):
     assert run.data.tags["registration_note"] == note
     busy = optimise_budgets(load_network(HOTEL), BudgetSearch(max_retries=2), load=1.5)
     assert zero_budget_note(busy) is None
+
+
+def test_retry_optimise_registers_per_network_and_prints_why_no_retries(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from sloctl.cli import app
+
+    (tmp_path / "c.yaml").write_text(f"registry:\n  tracking_uri: sqlite:///{tmp_path / 'mlflow.db'}\n")
+    out = CliRunner().invoke(app, ["retry", "optimise", "-n", HOTEL, "--rho", "0.3", "--max-retries", "2",
+                                   "--confirm-s", "0", "--json", "--config", str(tmp_path / "c.yaml")])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["registered"]["name"] == "retry-policy-hotel"
+    assert "registered retry-policy-hotel v1" in out.stderr and "every class gets k = 0" in out.stderr
