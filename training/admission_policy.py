@@ -162,5 +162,16 @@ def register_admission_policy(policy: AdmissionPolicy, *, tracking_uri: str, exp
     params = {"credits_epsilon": c.epsilon, "credits_dead_band": c.dead_band, "credits_experiment_s": c.experiment_s,
               "credits_initial_credits": c.initial_credits, "msem_capacity": policy.msem.capacity,
               **{f"share_{s.name}": s.share for s in policy.classes}}
+    # provenance: what the settings were tuned on (the workload, its load), as tags and a dataset input
+    workload = dict(policy.workload or {})
+    tags = {"workload_source": source, "provenance.workload_hash": policy.provenance["data_hash"],
+            "provenance.load_factor": str(workload.get("load_factor", "")),
+            **({"provenance.workload": Path(source).stem} if source else {})}
+    inputs = []
+    if isinstance(workload.get("types"), list) and workload["types"]:
+        import pandas as pd
+
+        inputs.append((pd.DataFrame([dict(t) for t in workload["types"]]),
+                       f"workload-{Path(source).stem if source else 'admission'}", "optimisation"))
     return register_policy(policy, tracking_uri=tracking_uri, experiment=experiment, params=params,
-                           metrics=dict(policy.metrics), tags={"workload_source": source})
+                           metrics=dict(policy.metrics), tags=tags, inputs=inputs)

@@ -17,7 +17,14 @@ def test_tuned_policy_registers_and_configures_the_middleware(tmp_path):
     assert policy.metrics["weighted_goodput_per_s"] >= policy.metrics["default_weighted_goodput_per_s"] * 0.999
     assert {c.name for c in policy.classes} == {"high", "low"}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    assert register_admission_policy(policy, tracking_uri=uri, experiment="t") == "1"
+    assert register_admission_policy(policy, tracking_uri=uri, experiment="t", source=WORKLOAD) == "1"
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run = client.get_run(client.get_model_version_by_alias("admission-policy", "champion").run_id)
+    assert run.data.tags["provenance.workload"] == "admission_workload"  # what it was tuned on
+    assert run.data.tags["provenance.load_factor"] == "2.0" and run.data.tags["provenance.workload_hash"]
+    assert [d.dataset.name for d in run.inputs.dataset_inputs] == ["workload-admission_workload"]
     middleware = AdmissionMiddleware.from_registry(object(), tracking_uri=uri)
     assert middleware.settings.classes == ("high", "low")
     assert middleware.controller.credits == policy.credits.initial_credits
