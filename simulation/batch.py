@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,8 +43,8 @@ if TYPE_CHECKING:
     from sloctl.simulation.emulator import WarehouseEmulator
     from sloctl.simulation.engine import SimulationResult
 
-__all__ = ["BatchResult", "CellResult", "SimulateBatch", "WarehouseRunner", "cell_seed", "simulate_batch",
-           "timeline_of"]
+__all__ = ["BatchResult", "CellResult", "SimulateBatch", "WarehouseRunner", "cell_seed", "pack_folder",
+           "simulate_batch", "timeline_of"]
 
 Runner = Callable[[ExecutionConfig, Sequence["Query"], int], "CellResult"]
 
@@ -118,6 +118,36 @@ def timeline_of(result: SimulationResult, start_clusters: int) -> Timeline:
 
 
 _PREDICTORS: dict[str, Any] = {}
+_UNPACKED: dict[str, str] = {}
+
+
+def pack_folder(folder: str | os.PathLike[str]) -> bytes:
+    """A saved predictor's folder as one tar archive (for :attr:`WarehouseRunner.predictor_bundle`)."""
+    import io
+    import tarfile
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        tar.add(os.fspath(folder), arcname=".")
+    return buffer.getvalue()
+
+
+def _unpack(bundle: bytes) -> str:
+    # once per process and archive: a folder of this host's temporary directory
+    import hashlib
+    import io
+    import tarfile
+    import tempfile
+
+    key = hashlib.sha256(bundle).hexdigest()
+    if key not in _UNPACKED:
+        folder = tempfile.mkdtemp(prefix=f"sloctl-predictor-{key[:12]}-")
+        with tarfile.open(fileobj=io.BytesIO(bundle), mode="r") as tar:
+            # the "data" filter (Python >= 3.11.4) refuses links and paths out of the folder
+            kwargs = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+            tar.extractall(folder, **kwargs)
+        _UNPACKED[key] = folder
+    return _UNPACKED[key]
 
 
 def _load_predictor(folder: str) -> Any:
@@ -145,6 +175,9 @@ class WarehouseRunner:
         spinup_delay_s, max_clusters: used when the configuration has no
             reactive autoscaler (otherwise its own values apply).
         slo_margin, cost_tolerance: Iconq+ router settings.
+        predictor_bundle: the predictor folder packed by :func:`pack_folder`,
+            for workers on hosts where ``predictor_dir`` does not exist (a
+            Ray cluster): unpacked there once per process.
     """
 
     world: WarehouseEmulator
@@ -159,15 +192,23 @@ class WarehouseRunner:
     max_clusters: int = 4
     slo_margin: float = 0.3
     cost_tolerance: float = 3.0
+    predictor_bundle: bytes | None = field(default=None, repr=False)
+
+    def _predictor_folder(self) -> str | None:
+        if self.predictor_bundle is not None and (self.predictor_dir is None
+                                                  or not os.path.isdir(self.predictor_dir)):
+            return _unpack(self.predictor_bundle)
+        return self.predictor_dir
 
     def _router(self) -> tuple[Any, Callable[[Any], Any]]:
 
         if self.router == "round-robin":
             return RoundRobinRouter(), lambda model: RoundRobinRouter()
-        if self.router not in ("stage", "iconq") or self.predictor_dir is None or self.table is None:
+        folder = self._predictor_folder()
+        if self.router not in ("stage", "iconq") or folder is None or self.table is None:
             raise ValueError(f"The 'router' parameter of WarehouseRunner must be 'round-robin', or 'stage'/'iconq' "
                              f"with predictor_dir and table; got {self.router!r}.")
-        model = OnlinePredictor(_load_predictor(self.predictor_dir), self.table, use_iconq=self.router == "iconq")
+        model = OnlinePredictor(_load_predictor(folder), self.table, use_iconq=self.router == "iconq")
         if self.router == "stage":
             return StageCostRouter(model), StageCostRouter
 

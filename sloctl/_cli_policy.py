@@ -201,7 +201,7 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
     from sloctl.control.scheduler import ExecutionConfig
     from sloctl.datasets.forecast import Forecaster
     from sloctl.experiments.warehouse import ScalingExperimentConfig, autoscaler_config, scaling_setup
-    from sloctl.simulation.batch import WarehouseRunner, simulate_batch
+    from sloctl.simulation.batch import WarehouseRunner, pack_folder, simulate_batch
     from sloctl.training.policy_tuner import SearchSpace, tune_policy
 
     started = time.perf_counter()
@@ -233,7 +233,10 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
         runner = WarehouseRunner(world, minimum_s=cfg.minimum_s * mean_iso, spinup_delay_s=spinup_delay_s,
                                  max_clusters=4, router="iconq" if predictor is not None else "round-robin",
                                  predictor_dir=str(runner_dir) if predictor is not None else None,
-                                 table=table if predictor is not None else None)
+                                 table=table if predictor is not None else None,
+                                 # Ray workers on other hosts get the model itself, not a path of this one
+                                 predictor_bundle=pack_folder(runner_dir) if predictor is not None
+                                 and ray_address not in (None, "local") else None)
         sizes = tuple(sorted(set(cfg.start_sizes) | set(cfg.candidate_sizes)))
         if predictor is None:  # round-robin: no reactive autoscaler, tune the starting clusters
             base = ExecutionConfig(start_sizes=(1,))

@@ -66,3 +66,28 @@ def test_tune_policy_ray_option_takes_an_address(inputs, monkeypatch):
     refused = CliRunner().invoke(app, ["tune", "policy", "--history", str(inputs / "hourly.parquet"), "--log",
                                        str(inputs / "log.parquet"), "ray://head:10001"])
     assert refused.exit_code == 2 and "needs --ray" in refused.stderr and len(seen) == 3
+
+
+def test_a_runner_ships_its_model_to_hosts_without_the_folder(trained_models, sim_log, tmp_path, ray_local):
+    """On a Ray cluster of several hosts the driver's model folder exists only on the driver's host."""
+    import dataclasses
+
+    from sloctl.control.router import Query
+    from sloctl.control.scheduler import ExecutionConfig
+    from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_setup
+    from sloctl.registry.bundles import save_predictor
+    from sloctl.simulation.batch import WarehouseRunner, pack_folder, simulate_batch
+
+    world, _, slo_ref, templates, mean_iso, table = scaling_setup(sim_log, ScalingExperimentConfig(seed=0))
+    save_predictor(trained_models["stage"].predictor, tmp_path / "model")
+    here = WarehouseRunner(world, router="stage", predictor_dir=str(tmp_path / "model"), table=table)
+    elsewhere = dataclasses.replace(here, predictor_dir=str(tmp_path / "not-on-this-host"),
+                                    predictor_bundle=pack_folder(tmp_path / "model"))
+    queries = [Query(i, templates[i % len(templates)], 0.3 * i * mean_iso, 3 * slo_ref[templates[i % len(templates)]])
+               for i in range(30)]
+    local = simulate_batch([ExecutionConfig(start_sizes=(1, 1))], [queries], runner=here, workers=1, seed=2)
+    shipped = simulate_batch([ExecutionConfig(start_sizes=(1, 1))], [queries], runner=elsewhere, ray_address="local",
+                             seed=2)
+    assert shipped.backend == "ray" and shipped.equals(local)
+    with pytest.raises(FileNotFoundError):
+        dataclasses.replace(elsewhere, predictor_bundle=None)(ExecutionConfig(), queries, 2)

@@ -110,7 +110,11 @@ def test_two_sloctl_tune_stage_workers_on_postgres(postgres_server, sim_log, tmp
     storage = postgres_server.create_database("optuna_cli_workers")
     cmd = [sys.executable, "-m", "sloctl.cli", "tune", "stage", "--log", str(log), "--trials", "8", "--storage",
            storage, "--study-name", "s", "--seed", "0", "--json"]
-    # cwd: the default MLflow store (sqlite:///mlflow.db) lands in tmp_path
+    # cwd: the default MLflow store (sqlite:///mlflow.db) lands in tmp_path; created before the workers start
+    # (two processes creating MLflow's tables at once collide; at scale workers share an MLflow server)
+    from mlflow import MlflowClient
+
+    MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db").create_experiment(load_config().registry.experiment)
     workers = [subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for _ in range(2)]
     outs = [w.communicate(timeout=1800) for w in workers]
