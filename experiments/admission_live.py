@@ -7,7 +7,7 @@ The app (:func:`build_app`) serves three endpoints on loopback:
 * ``/mem`` — memory bandwidth: ``copies`` streaming ``numpy.copyto`` of an
   array of ``mem_mb`` MiB (default 1 GiB, about twice the last-level cache
   this machine reports) into another; each copy reads and writes the array;
-* ``/lock`` — a critical section: ``lock_writes`` SQLite transactions
+* ``/lock`` — a critical section: ``lock_writes`` (8) SQLite transactions
   (WAL, ``synchronous=FULL``: each commit waits for an fsync, so the section
   is bounded by the disk, not a core) while holding one shared lock (FIFO
   ``asyncio.Lock``; the writes run on a worker thread).
@@ -96,7 +96,7 @@ class AppConfig(dict):
 
     @classmethod
     def make(cls, control: str = "none", *, mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 120,
-             lock_writes: int = 2, slo_s: Mapping[str, float] | None = None,
+             lock_writes: int = 8, slo_s: Mapping[str, float] | None = None,
              isolated_s: Mapping[str, float] | None = None, max_bandwidth_bytes_per_s: float = 1e10,
              seed: int = 0) -> AppConfig:
         if control not in CONTROLS:
@@ -420,7 +420,7 @@ class _Server:
                 self.proc.wait()
 
 
-def measure_resources(*, mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 120, lock_writes: int = 2,
+def measure_resources(*, mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 120, lock_writes: int = 8,
                       requests: int = 20, bandwidth_s: float = 1.0, start_timeout_s: float = 60.0
                       ) -> dict[str, Any]:
     """What the machine offers: memory bandwidth of 1 and 2 copy streams, and each endpoint's isolated
@@ -451,15 +451,18 @@ def measure_resources(*, mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 
 
 
 def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2), controls: Sequence[str] = CONTROLS,
-                    mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 120, lock_writes: int = 2,
-                    cpu_load: float = 0.25, flood: float = 2.0, slo_multiple: float = 5.0, slo_floor_s: float = 0.02,
+                    mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 120, lock_writes: int = 8,
+                    cpu_load: float = 0.25, flood: float = 2.0, max_rate_per_s: float = 100.0,
+                    slo_multiple: float = 5.0, slo_floor_s: float = 0.02,
                     grace_s: float = 5.0, start_timeout_s: float = 60.0, calibration_requests: int = 20,
                     bandwidth_s: float = 1.0) -> dict[str, Any]:
     """Measure the machine, then every control under the same seeded load, per seed.
 
     Rates: ``/cpu`` at ``cpu_load`` × (cores ÷ its isolated time); ``/mem`` and ``/lock`` each at
-    ``flood`` × (1 ÷ its isolated time) — a flood of each. SLO per endpoint: ``slo_multiple`` × its
-    isolated time, at least ``slo_floor_s``.
+    ``flood`` × (1 ÷ its isolated time) — a flood of each; every rate at most ``max_rate_per_s`` (Python's
+    HTTP stack costs about a millisecond of CPU per request on each side: a few hundred requests per
+    second take a core by themselves, and a short critical section would ask for thousands). SLO per
+    endpoint: ``slo_multiple`` × its isolated time, at least ``slo_floor_s``.
 
     Returns:
         ``{"resources", "slo_s", "rates_per_s", "runs": [{"control", "seed", "endpoints": {...},
@@ -482,6 +485,7 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
     slo = {p: max(slo_multiple * isolated[p], slo_floor_s) for p in ENDPOINTS}
     rates = {"/cpu": cpu_load * cores / isolated["/cpu"], "/mem": flood / isolated["/mem"],
              "/lock": flood / isolated["/lock"]}
+    rates = {p: min(r, max_rate_per_s) for p, r in rates.items()}
     max_bw = max(resources["bandwidth_bytes_per_s"].values())
     runs = []
     import tempfile
