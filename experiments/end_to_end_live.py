@@ -80,18 +80,24 @@ class LiveEndToEndConfig:
         tracking_uri: the MLflow store to register in (``None``: a temporary
             one); in a store of yours the names get ``-e2e-live`` so no
             champion of yours moves.
+        max_queries: replay only the day's first arrivals (a smoke run;
+            ``None``: the whole day). Both approaches get the same ones.
     """
 
     kappa: float = 2.0
     time_scale: float | None = None
     max_day_s: float = 300.0
     poll_s: float = 0.25
-    start_margin_s: float = 0.5
+    start_margin_s: float = 0.25
     timeout_s: float = 60.0
     budgets: bool = True
     tracking_uri: str | None = None
+    max_queries: int | None = None
 
     def validate(self) -> None:
+        if self.max_queries is not None and not self.max_queries >= 1:
+            raise ValueError(f"The 'max_queries' parameter of LiveEndToEndConfig must be >= 1 or None, "
+                             f"got {self.max_queries!r}.")
         for name in ("kappa", "max_day_s", "poll_s", "timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"The '{name}' parameter of LiveEndToEndConfig must be > 0, "
@@ -653,6 +659,8 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
     day_s = max([q.arrival_s for q in arrivals] + [24 * hour_s])
     scale = cfg.time_scale if cfg.time_scale is not None else min(1.0, cfg.max_day_s / day_s)
     queries = scaled_queries(arrivals, scale)
+    if cfg.max_queries is not None:
+        queries = sorted(queries, key=lambda q: (q.arrival_s, q.query_id))[:cfg.max_queries]
     minimum_s = tuner.minimum_units * mean_iso * scale
     warmup_s = tuner.spinup_delay_units * mean_iso * scale  # the simulation's δ, in live seconds
     runtime_delay_s = warmup_s + cfg.start_margin_s
@@ -695,7 +703,10 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
 
     enacted_spinups = [e for e in autoslo["runtime_events"] if e.get("event") == "spin_up"]
     return {
-        "scenario": {"day": scenario["day"], "kappa": scenario["kappa"], "queries": len(queries)},
+        "scenario": {"day": scenario["day"], "kappa": scenario["kappa"], "queries": len(queries),
+                     "day_queries": len(arrivals),
+                     "truncated": None if cfg.max_queries is None or len(queries) == len(arrivals) else
+                     f"only the first {len(queries)} of {len(arrivals)} arrivals (max_queries)"},
         "baseline": baseline,
         "baseline_why": ("cheapest baseline meeting τ in simulation"
                          if scenario["results"][baseline]["meets_tau"] else "lowest simulated VR (none met τ)"),
@@ -710,7 +721,10 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
         "autoslo": {"enacted": autoslo["enacted"], "spin_ups": enacted_spinups, "missed": autoslo["missed"],
                     "runtime_events": autoslo["runtime_events"], "real_clusters": autoslo["log"],
                     "held_for_real_cluster": autoslo["held"], "oversubscribed_rows": autoslo["oversubscribed"],
-                    "runtime": autoslo["runtime"], "registered": autoslo["registered"], "pool": autoslo["pool"],
+                    "runtime": {**autoslo["runtime"], "total_cost_units": (
+                        autoslo["runtime"]["total_cost"] / cost_unit_s
+                        if autoslo["runtime"].get("total_cost") is not None else None)},
+                    "registered": autoslo["registered"], "pool": autoslo["pool"],
                     "wall_s": autoslo_wall},
         "baseline_run": {"name": baseline, "events": base["events"], "clusters": base["clusters"],
                          "wall_s": baseline_wall},

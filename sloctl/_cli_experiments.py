@@ -630,6 +630,8 @@ def experiment_end_to_end_cmd(
                                                  "(default: 1, or less so that the day lasts --live-max-day-s; "
                                                  "below 1 the live load is 1/scale × the simulated one)."),
     live_max_day_s: float = typer.Option(300.0, help="With --live and no --live-time-scale: the longest live day."),
+    live_max_queries: int | None = typer.Option(None, help="With --live: replay only the day's first N arrivals "
+                                                "(a smoke run; the live figures then cover those only)."),
     live_budgets: bool = typer.Option(True, "--live-budgets/--live-pinned", help="With --live: sizes as CPU "
                                       "budgets (warehouse.size_unit_cores) beside the controller's reserved core."),
     live_registry: str | None = typer.Option(None, help="With --live: the MLflow store to register the plan and "
@@ -649,6 +651,8 @@ def experiment_end_to_end_cmd(
         raise typer.BadParameter(f"must be > 0; got {live_time_scale}", param_hint="--live-time-scale")
     if live and not live_max_day_s > 0:
         raise typer.BadParameter(f"must be > 0; got {live_max_day_s}", param_hint="--live-max-day-s")
+    if live and live_max_queries is not None and live_max_queries < 1:
+        raise typer.BadParameter(f"must be >= 1; got {live_max_queries}", param_hint="--live-max-queries")
 
     hourly = hourly if hourly is not None else _shared_hourly()
     if not hourly.is_file():
@@ -690,9 +694,10 @@ def experiment_end_to_end_cmd(
                 result, live_db, bundle, router=cfg.router, tuner=e2e.tuner,
                 pool_options=cfg.warehouse.pool_options() if live_budgets else None,
                 cfg=LiveEndToEndConfig(kappa=live_kappa, time_scale=live_time_scale, max_day_s=live_max_day_s,
-                                       budgets=live_budgets, tracking_uri=live_registry),
+                                       budgets=live_budgets, tracking_uri=live_registry,
+                                       max_queries=live_max_queries),
                 on_progress=live_progress)
-    if plots is not None and str(plots):
+    if plots is not None and str(plots) not in ("", "."):  # typer reads --plots '' as Path('.')
         for path in plot_scenarios(result, plots):
             echo(f"wrote {path}")
     doc = result.to_json()
@@ -724,6 +729,8 @@ def experiment_end_to_end_cmd(
 def _echo_end_to_end_live(live: dict) -> None:
     """The live scenario beside its simulation, and what the runtime enacted."""
     s, ts = live["scenario"], live["time_scale"]
+    if s.get("truncated"):
+        typer.echo(f"live: {s['truncated']}")
     typer.echo(f"live {s['day']} κ={s['kappa']:g}: {s['queries']} queries, times × {ts['live_s_per_sim_s']:.3g} "
                f"(a {ts['live_day_s']:.0f} s day, load × {ts['load_vs_simulation']:.3g} the simulated one); "
                f"baseline {live['baseline']} ({live['baseline_why']})")
