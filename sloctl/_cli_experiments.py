@@ -645,8 +645,13 @@ def experiment_end_to_end_cmd(
 
     from sloctl.experiments.end_to_end import end_to_end_experiment, plot_scenarios
 
-    if live and not live_kappa > 0:
-        raise typer.BadParameter(f"must be > 0; got {live_kappa}", param_hint="--live-kappa")
+    if live:
+        from sloctl.experiments.end_to_end import EndToEndConfig
+
+        kappas = EndToEndConfig().tuner.kappas
+        if not any(abs(k - live_kappa) < 1e-9 for k in kappas):
+            raise typer.BadParameter(f"must be a κ the simulation runs ({', '.join(f'{k:g}' for k in kappas)}); "
+                                     f"got {live_kappa:g}", param_hint="--live-kappa")
     if live and live_time_scale is not None and not live_time_scale > 0:
         raise typer.BadParameter(f"must be > 0; got {live_time_scale}", param_hint="--live-time-scale")
     if live and not live_max_day_s > 0:
@@ -685,10 +690,6 @@ def experiment_end_to_end_cmd(
             def live_progress(approach: str, done: int, total: int) -> None:
                 bar.update(done, total=total, description=f"experiment end-to-end --live: {approach}, queries")
 
-            kappas = sorted({s["kappa"] for s in result.scenarios})
-            if not any(abs(k - live_kappa) < 1e-9 for k in kappas):
-                raise typer.BadParameter(f"must be a κ the simulation ran ({', '.join(f'{k:g}' for k in kappas)}); "
-                                         f"got {live_kappa:g}", param_hint="--live-kappa")
             e2e = EndToEndConfig().quick() if quick else EndToEndConfig()
             live_doc = end_to_end_live(
                 result, live_db, bundle, router=cfg.router, tuner=e2e.tuner,

@@ -196,3 +196,12 @@ def test_a_tiny_live_run_through_sloctl_serve_enacts_the_scheduled_spinup(tpch_d
     assert {r["cluster_id"] for r in out["queries"] if r["arrival_s"] > 3.0} == {"plan-1-s1"}
     assert 0.0 <= out["vr"] <= 1.0 and out["cost"] > 0 and out["runtime"]["completed"] == 12
     assert out["in_force"]["plan_clock"] == "compressed" and out["missed"] == []
+
+
+def test_cli_refuses_a_live_kappa_the_simulation_does_not_run_before_simulating(tmp_path, run_sloctl):
+    common = ("experiment", "end-to-end", "--train-log", tmp_path / "a.parquet", "--grade-log", tmp_path / "b.parquet",
+              "--live", "--plots", "")
+    proc = run_sloctl(*common, "--live-kappa", "3", timeout_s=60)
+    assert proc.returncode == 2 and "--live-kappa" in proc.stderr and "(2, 4)" in proc.stderr
+    proc = run_sloctl(*common, "--live-time-scale", "0", timeout_s=60)
+    assert proc.returncode == 2 and "--live-time-scale" in proc.stderr
