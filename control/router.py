@@ -46,6 +46,7 @@ __all__ = [
     "ShadowRoundRobinRouter",
     "Router",
     "StageCostRouter",
+    "TIE_BREAKS",
 ]
 
 
@@ -106,6 +107,11 @@ class OnlineModel(Protocol):
     def complete(self, query_id: int) -> None: ...
     def isolated_s(self, template: str, size: int) -> float: ...
     def running_on(self, cluster_id: str) -> list[Any]: ...
+
+
+#: How the Iconq+ router breaks a tie of marginal violations and cost: ``"load"`` fewest running queries per size
+#: unit, then least added latency; ``"latency"`` least added latency alone (the rule before 2026-12-02).
+TIE_BREAKS = ("load", "latency")
 
 
 def _cost_before(cluster: ClusterState, now_s: float, drain_s: float) -> float:
@@ -246,22 +252,33 @@ class IconqRouter:
         guard: when to distrust the model and place by load
             (:class:`RouterGuard`); ``None``: always trust it (the paper's
             router). ``guard_state.summary()`` says how often it fired.
+        tie_break: among placements whose marginal violations and costs tie,
+            ``"load"`` takes the cluster with the fewest running queries per
+            size unit (then the least added latency); ``"latency"`` the
+            least added latency the model predicts. On equal clusters, where
+            cost never separates them, the load rule is join-the-shortest-
+            queue wherever the model sees no difference in violations, so a
+            model that misjudges interference cannot stack queries there.
     """
 
     name = "iconq+cost"
 
     def __init__(self, model: OnlineModel, slo_margin: float = 0.0, cost_tolerance: float = 0.0,
-                 guard: RouterGuard | None = None, violation_spread: float = 0.0, count_quantum: float = 0.25) -> None:
+                 guard: RouterGuard | None = None, violation_spread: float = 0.0, count_quantum: float = 0.25,
+                 tie_break: str = "load") -> None:
         if not (violation_spread >= 0 and np.isfinite(violation_spread)):
             raise ValueError(f"The 'violation_spread' parameter must be a finite number >= 0, "
                              f"got {violation_spread!r}.")
         if not count_quantum > 0:
             raise ValueError(f"The 'count_quantum' parameter must be > 0, got {count_quantum!r}.")
+        if tie_break not in TIE_BREAKS:
+            raise ValueError(f"The 'tie_break' parameter must be one of {', '.join(TIE_BREAKS)}, got {tie_break!r}.")
         self.model = model
         self.slo_margin = slo_margin
         self.cost_tolerance = cost_tolerance
         self.violation_spread = violation_spread
         self.count_quantum = count_quantum
+        self.tie_break = tie_break
         self.guard = guard
         self.guard_state = GuardState(guard) if guard is not None else None
 
@@ -294,7 +311,8 @@ class IconqRouter:
         """Algorithm 1: fewest marginal violations, then lowest marginal cost (within the tolerance)."""
         sizes = {c.cluster_id: c.size for c in clusters}
         options = self.model.counterfactuals(query.template, query.arrival_s, sizes, now_s)
-        best, best_key, explanation = None, None, {}
+        explanation: dict[str, dict[str, float]] = {}
+        scored = []
         for c in clusters:
             cf = options[c.cluster_id]
             running = self.model.running_on(c.cluster_id)
@@ -313,13 +331,28 @@ class IconqRouter:
             quantum = self.cost_tolerance * c.price_per_unit_s * c.timer.minimum_s
             cost_key = round(marginal_cost / quantum) if quantum > 0 else marginal_cost
             added = v_after - v_before
-            violation_key = round(added / self.count_quantum) if self.violation_spread > 0 else added
-            key = (violation_key, cost_key, marginal_latency)
+            load = (len(running) + 1) / c.size
             explanation[c.cluster_id] = {"predicted_s": cf.query_s, "violations_before": v_before,
                                          "violations_after": v_after, "marginal_cost": marginal_cost}
-            if best_key is None or key < best_key:
-                best, best_key = c, key
-        return best, explanation
+            scored.append((c, added, cost_key, load, marginal_latency))
+        return self._pick(scored), explanation
+
+    def _pick(self, scored: list[tuple[ClusterState, float, float, float, float]]) -> ClusterState:
+        """The lexicographic best of (marginal violations, marginal cost, then the tie break).
+
+        ``scored`` rows are ``(cluster, added violations, cost key, load, added latency)``; ``load`` is the
+        running queries per size unit the cluster would have with this query.
+        """
+        soft = self.violation_spread > 0
+
+        def key(row: tuple[ClusterState, float, float, float, float]) -> tuple[float, ...]:
+            _, added, cost_key, load, added_latency = row
+            violations = round(added / self.count_quantum) if soft else added
+            if self.tie_break == "load":
+                return (violations, cost_key, load, added_latency)
+            return (violations, cost_key, added_latency)
+
+        return min(scored, key=key)[0]
 
     def _violations(self, predicted_s: np.ndarray, threshold_s: np.ndarray) -> float:
         """Queries predicted past their threshold: a count, or with ``violation_spread`` a soft count."""

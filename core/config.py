@@ -215,6 +215,11 @@ class RouterSection:
             ``Φ((log predicted − log threshold) / σ)`` instead of 0 or 1.
             ``false`` (or a model without a calibration) counts 0 or 1, the
             paper's rule.
+        tie_break: placements whose marginal violations and costs tie go to
+            the cluster with the fewest running queries per size unit
+            (``"load"``, then the least added latency) or to the least added
+            latency the model predicts (``"latency"``, the rule before
+            2026-12-02). See docs/control.md.
     """
 
     slo_margin: float | None = None
@@ -228,9 +233,12 @@ class RouterSection:
     guard_min_samples: int = 8
     guard_support: bool = True
     soft_violations: bool = True
+    tie_break: str = "load"
 
     def __post_init__(self) -> None:
         _in_range(self, "router", price_per_unit_s=(0.0, 1e9), minimum_s=(0.0, 86_400.0))
+        if self.tie_break not in ("load", "latency"):
+            raise ValueError(f"The 'router.tie_break' setting must be 'load' or 'latency', got {self.tie_break!r}.")
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ class RouterExperimentConfig:
         guard: the Iconq+ router's guard (``None``: always trust the model);
             each scenario reports how often it fired.
         violation_spread: the Iconq+ router's soft-count spread (0: hard counts).
+        tie_break: the Iconq+ router's tie break (``"load"`` or ``"latency"``).
     """
 
     loads: tuple[float, ...] = (0.6, 0.85)
@@ -73,6 +74,7 @@ class RouterExperimentConfig:
     cost_tolerance: float = 3.0
     guard: RouterGuard | None = None
     violation_spread: float = 0.0
+    tie_break: str = "load"
 
 
 def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dict[str, dict[str, float]]:
@@ -163,7 +165,7 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                     "stage+cost": StageCostRouter(OnlinePredictor(predictor, table, use_iconq=False)),
                     "iconq+cost": IconqRouter(OnlinePredictor(predictor, table), slo_margin=cfg.slo_margin,
                                               cost_tolerance=cfg.cost_tolerance, guard=cfg.guard,
-                                              violation_spread=cfg.violation_spread),
+                                              violation_spread=cfg.violation_spread, tie_break=cfg.tie_break),
                 }
                 results = {}
                 for name, router in routers.items():

@@ -204,5 +204,5 @@ def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
     guard = router_guard(predictor, router, margin)
     spread = violation_spread(predictor, router, margin)
     return BuiltRouter(IconqRouter(online, slo_margin=margin.slo_margin, cost_tolerance=router.cost_tolerance,
-                                   guard=guard, violation_spread=spread),
+                                   guard=guard, violation_spread=spread, tie_break=router.tie_break),
                        online, "iconq", margin, router.cost_tolerance, table, guard, spread)

@@ -78,7 +78,8 @@ def experiment_router_cmd(
     router = cli_router(cfg, predictor, frame)
     experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
                                         cost_tolerance=router.cost_tolerance, guard=router.guard,
-                                        violation_spread=router.violation_spread)
+                                        violation_spread=router.violation_spread,
+                                        tie_break=cfg.router.tie_break)
     total = len(experiment.loads) * len(experiment.kappas) * len(experiment.cluster_sets)
     with progress_bar("experiment router: scenarios", total=total) as bar:
         def progress(s: dict) -> None:

@@ -267,3 +267,29 @@ def test_calibration_spread_follows_the_median_and_the_quantile():
     calibration = MarginCalibration(0.5, 0.75, 2.0, 1.0, 100)
     assert calibration.spread() == pytest.approx(np.log(2.0) / 0.6744897501960817)
     assert MarginCalibration(0.0, 0.75, 1.0, 1.0, 10).spread() == 0.05  # no spread measured: the floor
+
+
+def test_equal_clusters_tied_on_violations_and_cost_go_to_the_shorter_queue():
+    # Both billing windows are open and nothing is predicted late; the model says joining the busy
+    # cluster adds less latency (it misjudges interference). The load tie break still joins the idler one.
+    running = {"busy": [Running(1, 0.0, 50.0, 3.0), Running(2, 0.0, 50.0, 3.0)],
+               "calm": [Running(3, 0.0, 50.0, 3.0)]}
+    answers = {"busy": (1.0, [3.0, 3.0]), "calm": (2.0, [3.5])}
+    clusters = [cluster("busy", 1, 0.0), cluster("calm", 1, 0.0)]
+    query = Query(9, "t", 1.0, 50.0)
+    assert IconqRouter(FakeModel(answers, running)).route(query, clusters, 1.0).cluster_id == "calm"
+    old = IconqRouter(FakeModel(answers, running), tie_break="latency").route(query, clusters, 1.0)
+    assert old.cluster_id == "busy"  # the rule before: least added latency
+
+
+def test_load_tie_break_counts_running_queries_per_size_unit():
+    running = {"big": [Running(i, 0.0, 50.0, 3.0) for i in range(3)], "small": [Running(9, 0.0, 50.0, 3.0)]}
+    answers = {"big": (1.0, [3.0] * 3), "small": (1.0, [3.0])}
+    clusters = [cluster("small", 1, 0.0), cluster("big", 4, 0.0)]
+    router = IconqRouter(FakeModel(answers, running), cost_tolerance=1e6)  # costs tie at any size
+    assert router.route(Query(20, "t", 1.0, 50.0), clusters, 1.0).cluster_id == "big"  # 4/4 per unit < 2/1
+
+
+def test_unknown_tie_break_is_refused():
+    with pytest.raises(ValueError, match="tie_break"):
+        IconqRouter(FakeModel({}), tie_break="random")
