@@ -256,8 +256,10 @@ def drive_through_runtime(client: Any, headers: Mapping[str, str], pool: Any, qu
     Returns:
         ``vr``, ``cost`` (price × size × seconds), ``queries`` (rows),
         ``held`` (queries that waited for a real cluster), ``log`` (real
-        starts and stops), ``runtime_events``, ``enacted``, ``runtime``
-        (its own bill and violation rate) and ``oversubscribed`` rows.
+        starts and stops), ``start_lag_s`` (the run clock when the replay
+        began: arrivals before it went out late), ``runtime_events``,
+        ``enacted``, ``runtime`` (its own bill and violation rate) and
+        ``oversubscribed`` rows.
     """
     pending = sorted(queries, key=lambda q: (q.arrival_s, q.query_id))
     base = time.monotonic() - (time.time() - day_start_wall_s)
@@ -324,7 +326,7 @@ def drive_through_runtime(client: Any, headers: Mapping[str, str], pool: Any, qu
     poll()
     for cid in list(mirror.live):
         pool.wait_ready(cid, timeout_s=_SPIN_UP_TIMEOUT_S)
-    last_poll = now()
+    last_poll = start_lag_s = now()  # arrivals due before this are dispatched late (latency counts from arrival)
     i = 0
     while i < len(pending) or running:
         t = now()
@@ -365,6 +367,11 @@ def drive_through_runtime(client: Any, headers: Mapping[str, str], pool: Any, qu
         for done in sorted(batch, key=lambda c: c.end_s):
             if done.query_id in running:
                 finish(done)
+        if not batch and running:  # a cluster that died with queries in flight would never report them
+            for cid in {c for _, c, _ in running.values()} - set(held):
+                state = mirror.state(cid)
+                if state in ("failed", "stopped"):
+                    raise ClusterPoolError(f"Cluster {cid!r} is {state} with queries in flight.")
     poll()
     runtime_log.add_execution_view(_execution_view(client))
     final = client.get("/v1/clusters").json()
@@ -374,7 +381,7 @@ def drive_through_runtime(client: Any, headers: Mapping[str, str], pool: Any, qu
                for cid, timer in timers.items())
     rows = [records[q.query_id] for q in pending]
     vr = sum(r["violated"] for r in rows) / len(rows) if rows else 0.0
-    return {"vr": vr, "cost": cost, "queries": rows, "held": n_held, "log": mirror.log,
+    return {"vr": vr, "cost": cost, "queries": rows, "held": n_held, "log": mirror.log, "start_lag_s": start_lag_s,
             "runtime_events": runtime_log.events, "enacted": runtime_log.enacted,
             "oversubscribed": sum(r["oversubscribed"] for r in rows),
             "runtime": {"total_cost": final.get("total_cost"), "violation_rate": final.get("violation_rate"),
@@ -443,9 +450,11 @@ def serve_subprocess(folder: Path, *, tracking_uri: str, experiment: str, model_
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     stderr = open(folder / "serve.stderr", "w")  # noqa: SIM115 - closed below
     preexec = (lambda: os.sched_setaffinity(0, set(cores))) if cores else None
+    env = {**os.environ, "SLOCTL_TOKEN": token}
+    if cores:  # one intra-op thread per core it may use: more only wait on each other (serving.live.torch_threads)
+        env["OMP_NUM_THREADS"] = str(len(cores))
     process = subprocess.Popen([sys.executable, "-m", "sloctl.cli", "serve", "--config", str(path)], cwd=folder,
-                               env={**os.environ, "SLOCTL_TOKEN": token}, stdout=subprocess.DEVNULL, stderr=stderr,
-                               preexec_fn=preexec)
+                               env=env, stdout=subprocess.DEVNULL, stderr=stderr, preexec_fn=preexec)
     try:
         yield f"http://127.0.0.1:{port}", process
     finally:
@@ -721,6 +730,7 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
         "autoslo": {"enacted": autoslo["enacted"], "spin_ups": enacted_spinups, "missed": autoslo["missed"],
                     "runtime_events": autoslo["runtime_events"], "real_clusters": autoslo["log"],
                     "held_for_real_cluster": autoslo["held"], "oversubscribed_rows": autoslo["oversubscribed"],
+                    "start_lag_s": autoslo["start_lag_s"],
                     "runtime": {**autoslo["runtime"], "total_cost_units": (
                         autoslo["runtime"]["total_cost"] / cost_unit_s
                         if autoslo["runtime"].get("total_cost") is not None else None)},
