@@ -740,8 +740,8 @@ def _echo_end_to_end_live(live: dict) -> None:
         lv, sim = r["live"], r["simulation"]
         typer.echo(f"  {name:<17} live VR {lv['vr']:.3f} cost {lv['cost']:8.2f}   simulated VR {sim['vr']:.3f} "
                    f"cost {sim['cost']:8.2f}")
-    typer.echo(f"  live graded by {next(iter(live['results'].values()))['live']['graded_by']}; simulated by the "
-               "held-out grade log's world")
+    graded = next(iter(live["results"].values()))["live"]["graded_by"].removeprefix("live: ")
+    typer.echo(f"  graded: the live figures by {graded}; the simulated ones by the held-out grade log's world")
     auto = live["autoslo"]
     for e in auto["spin_ups"]:
         typer.echo(f"  runtime spin_up {e.get('cluster_id')} (size {e.get('size')}, {e.get('origin')}) at "
