@@ -514,6 +514,10 @@ def run_autoslo_through_runtime(db_path: str | Path, queries: Sequence[Query], p
     with contextlib.ExitStack() as stack:
         folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sloctl-e2e-live-")))
         tracking_uri = cfg.tracking_uri or f"sqlite:///{folder / 'mlflow.db'}"
+        if cfg.tracking_uri is None:  # artifacts in the temporary folder too, not ./mlruns where the user stands
+            from sloctl.registry.store import connect
+
+            connect(tracking_uri).create_experiment(experiment, artifact_location=(folder / "artifacts").as_uri())
         model_name, plan_name = f"iconq{suffix}", f"execution-config{suffix}"
         model_version = register_bundle(model_dir, tracking_uri=tracking_uri, experiment=experiment, name=model_name)
         token = secrets.token_urlsafe(24)

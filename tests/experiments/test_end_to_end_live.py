@@ -164,7 +164,7 @@ def test_the_plan_and_the_arrivals_are_scaled_together_and_the_slos_are_not():
 
 
 @pytest.mark.slow  # 30-80 s: registers a model and a plan in MLflow, starts `sloctl serve`, runs DuckDB clusters
-def test_a_tiny_live_run_through_sloctl_serve_enacts_the_scheduled_spinup(tpch_db, sim_log, tmp_path):
+def test_a_tiny_live_run_through_sloctl_serve_enacts_the_scheduled_spinup(tpch_db, sim_log, tmp_path, monkeypatch):
     """The vertical spin-up 1.5 s in: enacted by the runtime, mirrored by a real cluster, the old one stopped."""
     import numpy as np
 
@@ -184,6 +184,8 @@ def test_a_tiny_live_run_through_sloctl_serve_enacts_the_scheduled_spinup(tpch_d
     queries = [Query(i, ("tpch-q01", "tpch-q06")[i % 2], float(t), 5.0)
                for i, t in enumerate(np.sort(rng.uniform(0.0, 4.0, 12)))]
     plan = ExecutionConfig(spinups=(ScheduledSpinup(1.5, 1, "vertical"),), start_sizes=(1,))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # where the user stands: the temporary store leaves nothing there
     out = run_autoslo_through_runtime(tpch_db, queries, plan, model_dir=bundle, day="2024-03-04",
                                       time_scale_doc={"hour_s": 1.0}, minimum_s=1.0, spinup_delay_s=0.8,
                                       router={}, pool_options=None, cfg=LiveEndToEndConfig(start_margin_s=0.3))
@@ -196,6 +198,7 @@ def test_a_tiny_live_run_through_sloctl_serve_enacts_the_scheduled_spinup(tpch_d
     assert {r["cluster_id"] for r in out["queries"] if r["arrival_s"] > 3.0} == {"plan-1-s1"}
     assert 0.0 <= out["vr"] <= 1.0 and out["cost"] > 0 and out["runtime"]["completed"] == 12
     assert out["in_force"]["plan_clock"] == "compressed" and out["missed"] == []
+    assert list((tmp_path / "cwd").iterdir()) == []
 
 
 def test_cli_refuses_a_live_kappa_the_simulation_does_not_run_before_simulating(tmp_path, run_sloctl):
