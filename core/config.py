@@ -238,7 +238,7 @@ class RouterSection:
     def __post_init__(self) -> None:
         _in_range(self, "router", price_per_unit_s=(0.0, 1e9), minimum_s=(0.0, 86_400.0))
         if self.tie_break not in ("load", "latency"):
-            raise ValueError(f"The 'router.tie_break' setting must be 'load' or 'latency', got {self.tie_break!r}.")
+            raise ConfigError(f"key 'router.tie_break' must be 'load' or 'latency', got {self.tie_break!r}.")
 
 
 @dataclass(frozen=True)

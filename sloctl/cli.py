@@ -514,7 +514,11 @@ def serve_cmd(
                 echo(f"warning: {uri}: {why} (templates log {log_path})")
     app_ = create_app(cfg, token=token or None, templates=templates)
     echo(f"sloctl serve on http://{host}:{sock.getsockname()[1]} (state in {cfg.serve.state_db})")
-    server = uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="warning"))
+    from sloctl.serving.local import server_options
+
+    # the connection cap, keep-alive and header limits of the serve: section (docs/serving.md, "The front door")
+    server = uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="warning",
+                                           **server_options(cfg.serve)))
     server.run(sockets=[sock])
 
 
