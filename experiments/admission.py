@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sloctl.control.admission import AdmitAll, Svalinn
 from sloctl.control.credits import DropPenaltyUtility, ThroughputUtility
-from sloctl.experiments.admission_bandit import bandit_experiment
+from sloctl.experiments.admission_bandit import bandit_experiment, tuner_factories
 from sloctl.simulation.admission_policies import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
 from sloctl.simulation.server_sim import (
     DemandChange,
@@ -47,6 +47,15 @@ APPROACHES = ("none", "single-queue", "seda", "protego", "svalinn")
 SLO_MULTIPLE = 3.0  # SLO = 3 × isolated service time, for both types
 DROP_LOAD_FACTOR = 1.25  # where the drop-utility comparison runs (some drops are unavoidable above 1)
 CHANGE_THREAD_SCALE = 1.5  # per-thread bandwidth of memory sections after the demand change
+
+OnProgress = Callable[[int, int], None]  # on_progress(done, total)
+
+
+def _shifted(on_progress: OnProgress | None, start: int, total: int) -> OnProgress | None:
+    """A part's own ``on_progress(done, part_total)`` reported as ``start + done`` of the whole job's ``total``."""
+    if on_progress is None:
+        return None
+    return lambda done, _part_total: on_progress(start + done, total)
 
 
 def synthetic_workload(slo_multiple: float = SLO_MULTIPLE, config: ServerConfig = ServerConfig(),
@@ -132,9 +141,11 @@ SWEEP_LOADS = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
 
 
 def sweep_experiment(*, mixes: Sequence[str] = MIXES, loads: Sequence[float] = SWEEP_LOADS,
-                     approaches: Sequence[str] = APPROACHES, seed: int = 0, duration_s: float = 0.1
-                     ) -> list[dict[str, Any]]:
+                     approaches: Sequence[str] = APPROACHES, seed: int = 0, duration_s: float = 0.1,
+                     on_progress: OnProgress | None = None) -> list[dict[str, Any]]:
     """Every approach at every load of every mix, graded against the goodput bound (issue 21).
+
+    ``on_progress(done, total)`` is called after each simulated run, ``total`` = mixes × loads × approaches.
 
     Returns:
         One row per (mix, load): ``{"mix", "load_factor", "capacity_per_s", "oracle": GoodputBound.to_dict(),
@@ -143,6 +154,7 @@ def sweep_experiment(*, mixes: Sequence[str] = MIXES, loads: Sequence[float] = S
     """
     config = ServerConfig()
     rows = []
+    total, done = len(mixes) * len(loads) * len(approaches), 0
     for mix in mixes:
         types = mix_workload(mix, config)
         capacity, _ = capacity_per_s(types, config)
@@ -154,6 +166,9 @@ def sweep_experiment(*, mixes: Sequence[str] = MIXES, loads: Sequence[float] = S
                 result, _ = _run(name, types, config, capacity, load, seed, duration_s)
                 row["results"][name] = {**_summary(result, bound), "utilisation": result.utilisation,
                                         "locks": result.locks}
+                done += 1
+                if on_progress is not None:
+                    on_progress(done, total)
             rows.append(row)
     return rows
 
@@ -223,23 +238,42 @@ def _run(name, types, config, capacity, load, seed, duration_s, **kwargs) -> tup
     return result, policy
 
 
-def _best_static_capacity(types, config, capacity, load, seed, duration_s) -> tuple[int, dict[int, float]]:
+def _best_static_capacity(types, config, capacity, load, seed, duration_s, step: Callable[[], None] = lambda: None
+                          ) -> tuple[int, dict[int, float]]:
     """Offline sweep: the static capacity whose measured bandwidth earns the tuner's reward best."""
     rewards = {}
     for k in range(1, config.cores + 1):
         result, policy = _run("svalinn", types, config, capacity, load, seed, duration_s, static_capacity=k)
         rewards[k] = policy.tuner_.reward(k, result.bandwidth_bytes_per_s)
+        step()
     return max(rewards, key=lambda k: (rewards[k], -k)), rewards
 
 
-def _convergence(config, capacity, load, seed, change_s=0.1, end_s=0.25) -> dict[str, Any]:
+def _convergence_runs(config: ServerConfig) -> int:
+    """Simulated runs of :func:`_convergence`: every static capacity before and after the change, then Svalinn."""
+    return 2 * config.cores + 1
+
+
+def _convergence(config, capacity, load, seed, change_s=0.1, end_s=0.25, probe_s=0.04,
+                 on_progress: OnProgress | None = None) -> dict[str, Any]:
+    if not 0 < change_s < end_s or not probe_s > 0:
+        raise ValueError(f"The convergence run needs 0 < change_s < end_s and probe_s > 0, got change_s={change_s!r}, "
+                         f"end_s={end_s!r}, probe_s={probe_s!r}.")
+    total, done = _convergence_runs(config), [0]
+
+    def step() -> None:
+        done[0] += 1
+        if on_progress is not None:
+            on_progress(done[0], total)
+
     before, after = synthetic_workload(config=config), synthetic_workload(config=config,
                                                                           thread_scale=CHANGE_THREAD_SCALE)
-    old_best, _ = _best_static_capacity(before, config, capacity, load, seed, 0.04)
-    new_best, rewards = _best_static_capacity(after, config, capacity, load, seed, 0.04)
+    old_best, _ = _best_static_capacity(before, config, capacity, load, seed, probe_s, step)
+    new_best, rewards = _best_static_capacity(after, config, capacity, load, seed, probe_s, step)
     policy = make_policy("svalinn", before, config, capacity=capacity, seed=seed)
     simulate(before, policy, rate_per_s=load * capacity, duration_s=end_s, config=config, seed=seed,
              demand_change=DemandChange(change_s, tuple(after)))
+    step()
     log = policy.capacity_log_
     # Settled = from the first update after which the bandit's best arm is the new best to the end of the run.
     after_change = [(t, best) for t, _, best in log if t >= change_s]
@@ -253,23 +287,30 @@ def _convergence(config, capacity, load, seed, change_s=0.1, end_s=0.25) -> dict
 
 
 def bus_loss_sensitivity(losses: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5), *, load_factor: float = 2.0,
-                         seed: int = 0, duration_s: float = 0.2) -> list[dict[str, Any]]:
+                         seed: int = 0, duration_s: float = 0.2, on_progress: OnProgress | None = None
+                         ) -> list[dict[str, Any]]:
     """Svalinn ÷ single-queue goodput per type when an oversubscribed bus loses bandwidth.
 
     For each γ in ``losses`` (:attr:`ServerConfig.oversubscription_loss`),
     both approaches run the overload comparison on that machine; capacity and
     SLOs stay those of the default machine (γ does not change a bus that is
     not oversubscribed). Returns rows ``{"loss", "ratio": {type: …},
-    "single_queue_goodput_per_s": {…}, "svalinn_goodput_per_s": {…}}``.
+    "single_queue_goodput_per_s": {…}, "svalinn_goodput_per_s": {…}}``. ``on_progress(done, total)`` is
+    called after each simulated run (two per γ).
     """
     base = ServerConfig()
     types = synthetic_workload(config=base)
     capacity, _ = capacity_per_s(types, base)
     rows = []
+    total = 2 * len(losses)
     for loss in losses:
         config = dataclasses.replace(base, oversubscription_loss=float(loss))
-        good = {name: _summary(_run(name, types, config, capacity, load_factor, seed, duration_s)[0])["goodput_per_s"]
-                for name in ("single-queue", "svalinn")}
+        good = {}
+        for name in ("single-queue", "svalinn"):
+            good[name] = _summary(_run(name, types, config, capacity, load_factor, seed, duration_s)[0])[
+                "goodput_per_s"]
+            if on_progress is not None:
+                on_progress(2 * len(rows) + len(good), total)
         rows.append({"loss": float(loss),
                      "ratio": {t: good["svalinn"][t] / good["single-queue"][t] if good["single-queue"][t] else math.inf
                                for t in good["svalinn"]},
@@ -280,7 +321,9 @@ def bus_loss_sensitivity(losses: Sequence[float] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5
 def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s: float = 0.2,
                          loads: Sequence[float] = SWEEP_LOADS, mixes: Sequence[str] = MIXES,
                          sweep_duration_s: float = 0.1, bus_losses: Sequence[float] = (),
-                         bandit_seeds: Sequence[int] = tuple(range(10))) -> dict[str, Any]:
+                         bandit_seeds: Sequence[int] = tuple(range(10)), convergence_change_s: float = 0.1,
+                         convergence_end_s: float = 0.25, convergence_probe_s: float = 0.04,
+                         on_progress: OnProgress | None = None) -> dict[str, Any]:
     """Run the overload comparison, the sweep over loads and mixes, the convergence and the drop-utility runs.
 
     Every goodput is graded against the bound of :func:`~sloctl.simulation.server_sim.oracle_bound`.
@@ -295,6 +338,13 @@ def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s:
         bus_losses: γ values of :func:`bus_loss_sensitivity` (default empty: the what-if is off).
         bandit_seeds: seeds of the m_semaphore tuners on Svalinn's own bandit curve, clean and noisy
             (:func:`~sloctl.experiments.admission_bandit.bandit_experiment`; empty: skip).
+        convergence_change_s: when the demand changes in the convergence run (simulated seconds).
+        convergence_end_s: length of the convergence run.
+        convergence_probe_s: simulated seconds of each static-capacity run that finds the best capacity
+            before and after the change.
+        on_progress: ``on_progress(done, total)`` after each unit of work: each simulated server run
+            (approach × load × mix, every static capacity of the convergence, ...) and each (tuner, seed)
+            of the bandit curve; ``total`` is known from the start (first call: ``(0, total)``).
 
     Returns:
         ``{"overload": {"load_factor", "results": {approach: {"goodput_per_s", "p99_s", "drop_rate",
@@ -307,24 +357,46 @@ def admission_experiment(*, load_factor: float = 2.0, seed: int = 0, duration_s:
     types = synthetic_workload(config=config)
     capacity, _ = capacity_per_s(types, config)
     bound = oracle_bound(types, config, load_factor * capacity)
-    overload = {name: _summary(_run(name, types, config, capacity, load_factor, seed, duration_s)[0], bound)
-                for name in APPROACHES}
-    sweep = sweep_experiment(mixes=mixes, loads=loads, seed=seed, duration_s=sweep_duration_s) if mixes else []
-    convergence = _convergence(config, capacity, load_factor, seed)
+    mixes = tuple(mixes)
+    parts = {"overload": len(APPROACHES), "sweep": len(mixes) * len(loads) * len(APPROACHES),
+             "convergence": _convergence_runs(config), "drop_utility": 2,
+             "bandit": len(tuner_factories()) * len(bandit_seeds), "bus_loss": 2 * len(bus_losses)}
+    total = sum(parts.values())
+    starts = dict(zip(parts, [sum(list(parts.values())[:i]) for i in range(len(parts))], strict=True))
+    if on_progress is not None:
+        on_progress(0, total)
+
+    def part(name: str) -> OnProgress | None:
+        return _shifted(on_progress, starts[name], total)
+
+    overload = {}
+    for i, name in enumerate(APPROACHES, 1):
+        overload[name] = _summary(_run(name, types, config, capacity, load_factor, seed, duration_s)[0], bound)
+        if on_progress is not None:
+            on_progress(starts["overload"] + i, total)
+    sweep = sweep_experiment(mixes=mixes, loads=loads, seed=seed, duration_s=sweep_duration_s,
+                             on_progress=part("sweep")) if mixes else []
+    convergence = _convergence(config, capacity, load_factor, seed, change_s=convergence_change_s,
+                               end_s=convergence_end_s, probe_s=convergence_probe_s, on_progress=part("convergence"))
     drop_utility = {}
-    for label, utility in (("throughput", ThroughputUtility()), ("drop_penalty_0.1", DropPenaltyUtility(0.1))):
+    for i, (label, utility) in enumerate((("throughput", ThroughputUtility()),
+                                          ("drop_penalty_0.1", DropPenaltyUtility(0.1))), 1):
         result, _ = _run("svalinn", types, config, capacity, DROP_LOAD_FACTOR, seed, duration_s, utility=utility)
         drop_utility[label] = {"drop_rate": result.drop_rate,
                                "throughput_per_s": sum(s.completed for s in result.types.values()) / result.window_s,
                                "goodput_per_s": sum(result.goodput_per_s(n) for n in result.types)}
+        if on_progress is not None:
+            on_progress(starts["drop_utility"] + i, total)
+    bandit = bandit_experiment(seeds=bandit_seeds, on_progress=part("bandit")) if bandit_seeds else {}
+    bus_loss = bus_loss_sensitivity(bus_losses, load_factor=load_factor, seed=seed, duration_s=duration_s,
+                                    on_progress=part("bus_loss")) if bus_losses else []
     return {"overload": {"load_factor": float(load_factor), "results": overload}, "oracle": bound.to_dict(),
             "baseline": "single-queue", "convergence_ms": convergence["convergence_ms"], "sweep": sweep,
             "up_to": up_to_figures(sweep) if sweep else {}, "targets": _targets(sweep) if sweep else {},
-            "bandit": bandit_experiment(seeds=bandit_seeds) if bandit_seeds else {},
+            "bandit": bandit,
             "sweep_duration_s": sweep_duration_s, "duration_s": duration_s, "seed": seed,
             "drop_utility": {"load_factor": DROP_LOAD_FACTOR, **drop_utility},
-            "bus_loss_sensitivity": bus_loss_sensitivity(bus_losses, load_factor=load_factor, seed=seed,
-                                                         duration_s=duration_s) if bus_losses else [],
+            "bus_loss_sensitivity": bus_loss,
             "capacity_per_s": capacity, "slo_s": {t.name: t.slo_s for t in types}, "convergence": convergence,
             "world": "simulation.server_sim (fluid bus, FIFO run queue, FIFO locks), seeded"}
 

@@ -135,8 +135,12 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def bandit_experiment(*, seeds: Sequence[int] = tuple(range(20)), clean_steps: int = 400, noisy_steps: int = 2000,
-                      noise_std: float = NOISE_STD, names: Sequence[str] | None = None) -> dict[str, Any]:
+                      noise_std: float = NOISE_STD, names: Sequence[str] | None = None,
+                      on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Every tuner of :func:`tuner_factories` on the clean and the noisy curve, over ``seeds``.
+
+    ``on_progress(done, total)`` is called after each (tuner, seed) pair (its clean and noisy runs),
+    ``total`` = tuners × seeds.
 
     Returns:
         ``{"curve": {...}, "clean": {name: summary}, "noisy": {name: summary}}``, a summary being
@@ -149,9 +153,16 @@ def bandit_experiment(*, seeds: Sequence[int] = tuple(range(20)), clean_steps: i
                                      "interval_s": INTERVAL_S, "clean_steps_per_phase": clean_steps,
                                      "noisy_steps_per_phase": noisy_steps, "seeds": list(seeds)},
                            "clean": {}, "noisy": {}}
+    total, done = len(chosen) * len(seeds), 0
     for name in chosen:
         make = factories[name]
-        out["clean"][name] = _summary([run_curve(make(s), steps_per_phase=clean_steps, seed=s) for s in seeds])
-        out["noisy"][name] = _summary([run_curve(make(s), steps_per_phase=noisy_steps, noise_std=noise_std, seed=s)
-                                       for s in seeds])
+        clean, noisy = [], []
+        for s in seeds:
+            clean.append(run_curve(make(s), steps_per_phase=clean_steps, seed=s))
+            noisy.append(run_curve(make(s), steps_per_phase=noisy_steps, noise_std=noise_std, seed=s))
+            done += 1
+            if on_progress is not None:
+                on_progress(done, total)
+        out["clean"][name] = _summary(clean)
+        out["noisy"][name] = _summary(noisy)
     return out

@@ -455,8 +455,12 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
                     cpu_load: float = 0.25, flood: float = 2.0, max_rate_per_s: float = 100.0,
                     slo_multiple: float = 5.0, slo_floor_s: float = 0.02,
                     grace_s: float = 5.0, start_timeout_s: float = 60.0, calibration_requests: int = 20,
-                    bandwidth_s: float = 1.0) -> dict[str, Any]:
+                    bandwidth_s: float = 1.0, on_progress: Callable[[int, int], None] | None = None
+                    ) -> dict[str, Any]:
     """Measure the machine, then every control under the same seeded load, per seed.
+
+    ``on_progress(done, total)``: ``(0, total)`` once the machine is measured, then after each
+    (seed, control) run; ``total`` = seeds × controls.
 
     Rates: ``/cpu`` at ``cpu_load`` × (cores ÷ its isolated time); ``/mem`` and ``/lock`` each at
     ``flood`` × (1 ÷ its isolated time) — a flood of each; every rate at most ``max_rate_per_s`` (Python's
@@ -490,6 +494,8 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
     runs = []
     import tempfile
 
+    if on_progress is not None:
+        on_progress(0, len(seeds) * len(controls))
     for seed in seeds:
         for control in controls:
             config = AppConfig.make(control, mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds,
@@ -500,6 +506,8 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
                 result = asyncio.run(open_loop(base, rates, duration_s=duration_s, slo_s=slo, seed=seed,
                                                grace_s=grace_s))
             runs.append({"control": control, "seed": seed, **result})
+            if on_progress is not None:
+                on_progress(len(runs), len(seeds) * len(controls))
     summary: dict[str, Any] = {}
     for control in controls:
         mine = [r for r in runs if r["control"] == control]

@@ -425,20 +425,23 @@ def experiment_admission_cmd(
 
         echo(f"running 5 approaches at {load_factor:g}x, the sweep ({len(mix_values)} mixes x {len(load_values)} "
              "loads), the convergence, the bandit curve and the drop-utility runs ...")
-        with progress_bar("experiment admission", total=None):  # no callback there yet: elapsed time only
+        with progress_bar("experiment admission: runs", total=None) as bar:  # the total comes with the first call
             result = admission_experiment(load_factor=load_factor, seed=seed, duration_s=duration_s,
                                           loads=load_values, mixes=mix_values, sweep_duration_s=sweep_duration_s,
                                           bus_losses=(0.0, 0.1, 0.2, 0.3, 0.4, 0.5) if bus_loss else (),
-                                          bandit_seeds=tuple(range(seed, seed + bandit_seeds)))
+                                          bandit_seeds=tuple(range(seed, seed + bandit_seeds)),
+                                          on_progress=bar.callback())
         if plots is not None and str(plots) not in ("", "."):  # typer turns '' into Path('.')
             for path in plot_admission(result, plots):
                 echo(f"wrote {path}")
     if live:
+        from sloctl.core.progress import progress as progress_bar
         from sloctl.experiments.admission_live import live_experiment
 
         echo(f"live: measuring the machine, then 3 controls x {live_seeds} seeds x {live_duration_s:g} s ...")
-        result["live"] = live_experiment(duration_s=live_duration_s, seeds=tuple(range(seed, seed + live_seeds)),
-                                         mem_mb=live_mem_mb)
+        with progress_bar("experiment admission --live: runs", total=None) as bar:
+            result["live"] = live_experiment(duration_s=live_duration_s, seeds=tuple(range(seed, seed + live_seeds)),
+                                             mem_mb=live_mem_mb, on_progress=bar.callback())
     if as_json:
         typer.echo(json.dumps(result, default=float))
         return
