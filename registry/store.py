@@ -344,7 +344,7 @@ def log_mismatch(uri: str, log_path: str | Path, *, tracking_uri: str) -> str | 
 def register_policy(policy: PolicyDocument, *, tracking_uri: str, experiment: str, name: str | None = None,
                     params: dict[str, Any] | None = None, metrics: dict[str, float | None] | None = None,
                     tags: dict[str, str] | None = None, alias: str = CHAMPION,
-                    inputs: list[tuple[Any, str, str]] | None = None) -> str:
+                    inputs: list[tuple[Any, ...]] | None = None) -> str:
     """Log a typed policy (:mod:`sloctl.control.policies`) as a pyfunc model and register it.
 
     The document (``policy.to_doc()``) is validated by reading it back before
@@ -354,7 +354,8 @@ def register_policy(policy: PolicyDocument, *, tracking_uri: str, experiment: st
     configurations) are chosen by search, not trained against a held-out
     split, so the newest registration becomes the champion; ``alias=""``
     registers without moving it. ``inputs`` are ``(DataFrame, name, context)``
-    logged as MLflow dataset inputs (what the policy was chosen on).
+    or ``(DataFrame, name, context, source)`` logged as MLflow dataset inputs
+    (what the policy was chosen on; the source defaults to the policy's).
 
     Returns:
         The registered version.
@@ -377,8 +378,9 @@ def register_policy(policy: PolicyDocument, *, tracking_uri: str, experiment: st
                          "policy_version": str(policy.version), **(tags or {})})
         mlflow.log_params(params or {})
         mlflow.log_metrics({k: float(v) for k, v in (metrics or {}).items() if v is not None and math.isfinite(v)})
-        for frame, input_name, context in inputs or []:
-            _log_frame(mlflow, frame, input_name, context, source=policy.provenance.get("source"))
+        for frame, input_name, context, *source in inputs or []:
+            _log_frame(mlflow, frame, input_name, context, source=source[0] if source else policy.provenance.get(
+                "source"))
         with tempfile.TemporaryDirectory() as tmp, _quiet_pyfunc_logging():
             path = Path(tmp) / "policy.json"
             path.write_text(json.dumps(doc, indent=2))

@@ -22,7 +22,12 @@
    reactive autoscaler cannot run, so the knobs are the starting clusters;
    with ``--model`` (Iconq+ router) they are the autoscaler's.
 6. The execution configuration is registered as ``execution-config`` (alias
-   ``champion``) with the predicted validation VR and cost.
+   ``champion``) with the predicted validation VR and cost, and what it was
+   optimised on (:func:`plan_provenance_tags`): the log's provenance as the
+   latency models record it (benchmark, scale factor, cluster sizes, log
+   hashes: :mod:`sloctl.registry.provenance`) and the history window (file,
+   instance, days, dates, hash) as ``provenance.*`` tags; the window's counts
+   and the log as MLflow dataset inputs.
 """
 
 from __future__ import annotations
@@ -32,14 +37,22 @@ import hashlib
 import json
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from sloctl._cli_common import SEVERAL_LOGS_HELP, ConfigOption, describe_logs, echo, load_cli_config, read_logs
+from sloctl._cli_common import (
+    SEVERAL_LOGS_HELP,
+    ConfigOption,
+    describe_logs,
+    echo,
+    load_cli_config,
+    read_logs_with_metadata,
+)
 
-__all__ = ["tune_policy_cmd", "tune_policy_run"]
+__all__ = ["history_hash", "plan_provenance_tags", "tune_policy_cmd", "tune_policy_run"]
 
 DEFAULT_LOG = Path("reports") / "demo_log.parquet"
 
@@ -115,6 +128,35 @@ def history_reservoir(history: str | Path, days: int, target_date: str | None, f
     return out, target.isoformat(), info
 
 
+def history_hash(reservoir: Any) -> str:
+    """SHA-256 (16 hex digits) of a reservoir's counts and kept arrivals: the history a plan was tuned on."""
+    import pandas as pd
+
+    digest = hashlib.sha256()
+    for frame in (reservoir.counts(), reservoir.arrivals()):
+        digest.update(",".join(frame.columns).encode())
+        digest.update(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def plan_provenance_tags(provenance: Any, info: Mapping[str, Any], window_hash: str) -> dict[str, str]:
+    """The ``provenance.*`` tags of an execution configuration.
+
+    Args:
+        provenance: the calibration log's :class:`~sloctl.registry.provenance.Provenance` (benchmark,
+            scale factor, cluster sizes, log hashes, log paths), tagged as the latency models tag theirs.
+        info: the history window (:func:`history_reservoir`'s description).
+        window_hash: :func:`history_hash` of the window.
+    """
+    from sloctl.registry.provenance import PREFIX
+
+    return {**provenance.to_tags(), f"{PREFIX}history": str(info.get("history", "")),
+            f"{PREFIX}history_hash": window_hash, f"{PREFIX}days": str(info.get("days", "")),
+            f"{PREFIX}first_date": str(info.get("first_date", "")),
+            f"{PREFIX}target_date": str(info.get("target_date", "")),
+            **({f"{PREFIX}instance": str(info["instance"])} if "instance" in info else {})}
+
+
 def check_history(path: Path) -> None:
     """Refuse, before any work, a ``--history`` that is missing or not readable as what it claims to be.
 
@@ -176,7 +218,8 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
                     kappa: float = 3.0, tau_target: float = 0.05, eta: int = 2, phi: int = 3, seed: int = 0,
                     workers: int | None = None, tracking_uri: str | None = None,
                     experiment: str = "policy-tuner", register: bool = True, log_path: str = "",
-                    on_progress: Any = None, ray_address: str | None = None) -> dict[str, Any]:
+                    log_metadata: Mapping[str, str] | None = None, on_progress: Any = None,
+                    ray_address: str | None = None) -> dict[str, Any]:
     """Forecast, tune and (optionally) register; returns the JSON-ready summary.
 
     Args:
@@ -187,6 +230,8 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
         hour_units, peak_load: time compression (see the module docstring).
         kappa: SLO multiplier on each template's isolated latency.
         eta, phi: the scheduler's rounds and attempts per round.
+        log_path, log_metadata: the log's path(s) and file metadata (benchmark, scale factor, merged
+            runs), recorded as its provenance when registering.
         ray_address: simulate on Ray (``"local"`` or a cluster address; see
             :func:`~sloctl.simulation.batch.simulate_batch`) instead of the
             process pool; the result is the same for a seed.
@@ -209,6 +254,7 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
     world, _, slo_ref, templates, mean_iso, table = scaling_setup(log, cfg)
     with tempfile.TemporaryDirectory() as tmp:
         reservoir, target, info = history_reservoir(history, days, target_date, Path(tmp), instance=instance)
+        window_hash, window_counts = history_hash(reservoir), reservoir.counts()
         forecaster = Forecaster(reservoir, policy=forecast_policy, seed=seed)
         peak = float(forecaster.hourly_counts(target).max())
         raw = [forecaster.workload(target, seed=seed + j) for j in range(n_train + n_validation)]
@@ -276,20 +322,26 @@ def tune_policy_run(history: str | Path, log: Any, *, days: int = 7, target_date
         history=info, evaluated=result.tuning.evaluated, simulations=simulations,
         trials=tuple({"params": t.params, "train": list(t.train),
                       "validation": list(t.validation) if t.validation else None} for t in result.tuning.trials),
-        provenance={"data_hash": data_hash, "seed": str(seed), "source": str(history),
+        provenance={"data_hash": data_hash, "seed": str(seed), "source": str(history), "history_hash": window_hash,
                     **({"log": log_path} if log_path else {})})
     # the summary is the document without its trials; "version" is the registered version, if any
     summary = {k: v for k, v in plan.to_doc().items() if k not in ("trials", "version")}
     if register:
+        from sloctl.registry.provenance import log_provenance
         from sloctl.registry.store import register_policy
 
+        tags = plan_provenance_tags(log_provenance(log, log_metadata, logs=log_path), info, window_hash)
+        inputs = [(window_counts, f"history-{Path(history).stem}", "optimisation"),
+                  (log, f"log-{Path(log_path).stem}" if log_path and "," not in log_path else "log", "calibration",
+                   log_path if log_path and "," not in log_path else None)]
         params = {"strategy": strategy, "budget": budget, "top_k": top_k, "days": days, "target_date": target,
                   "router": runner.router, "hour_units": round(hour_s / mean_iso, 3), "kappa": kappa,
                   "tau_target": tau_target, "log_path": log_path}
         metrics = {"validation_vr": result.best_validation[0], "validation_cost": result.best_validation[1],
                    "spinups": float(len(best.spinups)), "evaluated": float(result.tuning.evaluated)}
         summary["version"] = register_policy(plan, tracking_uri=tracking_uri or "sqlite:///mlflow.db",
-                                             experiment=experiment, params=params, metrics=metrics)
+                                             experiment=experiment, params=params, metrics=metrics, tags=tags,
+                                             inputs=inputs)
     summary["wall_s"] = time.perf_counter() - started
     return summary
 
@@ -331,7 +383,7 @@ def tune_policy_cmd(
         if not path.exists():
             raise typer.BadParameter(f"no such log {path} (run `make demo`, or name one)", param_hint="--log")
     cfg = load_cli_config(config)
-    frame = read_logs(log)
+    frame, log_metadata = read_logs_with_metadata(log)
     predictor = None
     if model is not None:
         from sloctl._cli_common import load_cli_model
@@ -354,7 +406,8 @@ def tune_policy_cmd(
                                   predictor=predictor, strategy=strategy, budget=budget, top_k=top_k, seed=seed,
                                   workers=workers, tracking_uri=cfg.registry.tracking_uri,
                                   experiment=cfg.registry.experiment, register=register,
-                                  log_path=describe_logs(log), on_progress=bar.callback(), ray_address=address)
+                                  log_path=describe_logs(log), log_metadata=log_metadata,
+                                  on_progress=bar.callback(), ray_address=address)
     if as_json:
         typer.echo(json.dumps(summary, default=float))
         return

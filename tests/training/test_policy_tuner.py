@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -127,7 +128,8 @@ def test_tune_policy_registers_an_execution_config_that_loads_back(tmp_path, sim
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     summary = tune_policy_run(tmp_path / "hourly.parquet", sim_log, days=2, strategy="grid", budget=3, top_k=2,
                               n_train=2, n_validation=1, hour_units=8.0, eta=1, phi=1, workers=1,
-                              tracking_uri=uri, experiment="t")
+                              tracking_uri=uri, experiment="t", log_path=str(tmp_path / "tpch.parquet"),
+                              log_metadata={"benchmark": "tpch", "scale_factor": "0.1"})
     assert summary["target_date"] == "2024-03-04" and summary["history"]["days"] == 2
     assert summary["evaluated"] <= 3 and summary["version"] == "1"
     plan = load_policy(f"models:/{ExecutionPlan.kind}@champion", tracking_uri=uri)
@@ -136,3 +138,23 @@ def test_tune_policy_registers_an_execution_config_that_loads_back(tmp_path, sim
     assert doc["start_sizes"] == summary["start_sizes"] and doc["spinups"] == summary["spinups"]
     assert 0.0 <= doc["predicted"]["validation_vr"] <= 1.0 and doc["predicted"]["validation_cost"] > 0
     assert len(doc["trials"]) == summary["evaluated"]
+    # issue 18: what it was optimised on, as the latency models record it, on the registered version's run
+    from mlflow import MlflowClient
+
+    from sloctl.training.pipeline import data_hash
+
+    client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+    run = client.get_run(client.get_model_version_by_alias(ExecutionPlan.kind, "champion").run_id)
+    tags = run.data.tags
+    assert tags["provenance.benchmark"] == "tpch" and tags["provenance.scale_factor"] == "0.1"
+    assert tags["provenance.cluster_sizes"] == ",".join(map(str, sorted(set(sim_log["cluster_size"]))))
+    assert tags["provenance.log_hash"] == data_hash(sim_log)
+    assert tags["provenance.logs"] == str(tmp_path / "tpch.parquet")
+    assert tags["provenance.history"] == str(tmp_path / "hourly.parquet") and tags["provenance.days"] == "2"
+    assert tags["provenance.first_date"] == "2024-03-02" and tags["provenance.target_date"] == "2024-03-04"
+    assert tags["provenance.instance"] == "0"
+    assert len(tags["provenance.history_hash"]) == 16 and plan.provenance["history_hash"] == tags[
+        "provenance.history_hash"]
+    inputs = {d.dataset.name: d for d in run.inputs.dataset_inputs}
+    assert set(inputs) == {"history-hourly", "log-tpch"}
+    assert int(json.loads(inputs["history-hourly"].dataset.profile)["num_rows"]) == 2 * 24  # the window only
