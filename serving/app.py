@@ -216,6 +216,109 @@ class RetryPolicyOut(_Out):
     source: str
 
 
+class _EnvoyOut(_Out):
+    """Envoy v3 configuration: the keys sloctl writes are typed; any other Envoy field passes through."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+
+
+class EnvoyRouteOut(_EnvoyOut):
+    """One route: ``class-<class>`` matches the class header exactly; the last, ``default-<class>``, any call."""
+
+    name: str
+    match: dict[str, Any] = Field(description="Envoy RouteMatch: prefix, and the class header for class routes.")
+    route: dict[str, Any] = Field(description="Envoy RouteAction: cluster, timeout and retry_policy (num_retries, "
+                                              "per_try_timeout, retry_back_off, retry_on).")
+
+
+class EnvoyVirtualHostOut(_EnvoyOut):
+    name: str = Field(description="The service the sidecar fronts.")
+    domains: list[str]
+    routes: list[EnvoyRouteOut]
+
+
+class EnvoyRouteConfigOut(_EnvoyOut):
+    """An Envoy v3 ``RouteConfiguration`` for calls into one service (what ``sloctl sidecar sync`` writes)."""
+
+    name: str = Field(description="The route configuration's name (what the sidecar's RDS names).")
+    virtual_hosts: list[EnvoyVirtualHostOut]
+
+
+class SpinupOut(_Out):
+    time_s: float = Field(description="When, in the Policy Tuner's (compressed) day seconds.")
+    real_time: str | None = Field(default=None, description="HH:MM of the real day (with a time scale).")
+    size: int
+    mode: str
+
+
+class InForceOut(_Out):
+    since: str
+    start_sizes: list[int]
+    start_sizes_applied: bool
+    start_sizes_note: str | None
+    autoscaler: dict[str, Any] | None
+    reactive: str | None
+    day_start: str
+    plan_clock: str
+    spinup_delay_s: float
+    max_clusters: int
+    upcoming: int = Field(description="Scheduled spin-ups still to come.")
+
+
+class NextSpinupOut(_Out):
+    at: str
+    size: int
+    mode: str
+
+
+class EnactedOut(_Out):
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+    at: str
+    cluster_id: str
+    size: int
+    mode: str
+    scheduled_at: str
+    ready_at: str | None = None
+    source: str
+
+
+class MissedOut(_Out):
+    at: str
+    size: int
+    mode: str
+
+
+class ExecutionConfigOut(_Out):
+    """The execution-config in force: its registered document (as ``sloctl tune policy`` wrote it) and what the
+    runtime made of it (``source``, ``in_force``, ``next_spinup``, ``enacted``, ``missed``)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="allow")
+    kind: str
+    version: int = Field(description="Schema version of the document.")
+    target_date: str | None
+    start_sizes: list[int]
+    spinups: list[SpinupOut]
+    autoscaler: dict[str, Any] | None
+    knobs: dict[str, Any]
+    predicted: dict[str, Any] = Field(description="Validation violation rate and cost of the plan (and knobs).")
+    time_scale: dict[str, Any]
+    router: str | None
+    strategy: str | None
+    budget: int | None
+    order: str | None
+    forecasts: dict[str, Any]
+    history: dict[str, Any]
+    evaluated: int | None
+    simulations: int | None
+    trials: list[dict[str, Any]]
+    provenance: dict[str, str]
+    source: str = Field(description="The registry URI and version it came from.")
+    in_force: InForceOut
+    next_spinup: NextSpinupOut | None
+    enacted: list[EnactedOut]
+    missed: list[MissedOut]
+
+
 class HealthOut(_Out):
     ok: bool
 
@@ -464,7 +567,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         doc = slot.value.to_doc()  # a RetryPolicy
         return {"retries": doc["retries"], "predicted": doc["predicted"], "source": f"{slot.uri} v{slot.version}"}
 
-    @app.get("/v1/retry-policy/envoy", response_model=dict[str, Any], responses=_errors(404, 422, 503))
+    @app.get("/v1/retry-policy/envoy", response_model=EnvoyRouteConfigOut, responses=_errors(404, 422, 503))
     def retry_policy_envoy(service: str = Query(min_length=1, max_length=200), network: str | None = _NETWORK) -> Any:
         rt = runtime()
         slot = rt.retry_slot(network)
@@ -476,7 +579,8 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         except ValueError as exc:
             return _error(422, str(exc), "service")
 
-    @app.get("/v1/execution-config", response_model=dict[str, Any], responses=_errors(404, 503))
+    @app.get("/v1/execution-config", response_model=ExecutionConfigOut, response_model_exclude_unset=True,
+             responses=_errors(404, 503))
     def execution_config() -> Any:
         rt = runtime()
         view = rt.execution_view()  # the ExecutionPlan's document, source, in_force, next_spinup, enacted, missed
