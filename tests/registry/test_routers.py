@@ -137,7 +137,7 @@ def test_train_iconq_cli_writes_a_bundle_with_the_margin(sim_log, tmp_path):
     write_log(sim_log, tmp_path / "log.parquet")
     (tmp_path / "fast.yaml").write_text("iconq:\n  max_epochs: 2\nrouter:\n  risk_quantile: 0.6\n")
     out = subprocess.run([sys.executable, "-m", "sloctl.cli", "train", "iconq", "--log", "log.parquet", "--config",
-                          "fast.yaml", "--no-register", "--out", "bundle"], capture_output=True, text=True,
+                          "fast.yaml", "--no-register", "--out", "bundle", "--json"], capture_output=True, text=True,
                          cwd=tmp_path, timeout=600)
     assert out.returncode == 0, out.stderr
     summary = json.loads(out.stdout.strip().splitlines()[-1])
