@@ -70,6 +70,7 @@ from sloctl.serving._gateway_log import AttemptLog
 from sloctl.serving._gateway_policy import GatewayPolicy
 from sloctl.serving._gateway_routers import GatewayRouter, LeastQueuedRouter, RandomRouter
 from sloctl.serving._gateway_trino import TrinoError, error
+from sloctl.serving.live import PoolBackend
 from sloctl.serving.runtime import ModelSlot
 
 __all__ = ["ROUTERS", "Gateway", "GatewayOptions", "GatewayQuery"]
@@ -207,23 +208,6 @@ class GatewayQuery:
                 "error": None if self.error is None else self.error.name}
 
 
-class _PoolBackend:
-    """Autoscaler spin-ups and teardowns as real DuckDB cluster processes (readiness polled)."""
-
-    def __init__(self, pool: DuckDBClusterPool, started: int) -> None:
-        self.pool = pool
-        self.started = started
-
-    def spin_up(self, size: int, now_s: float) -> tuple[str, None]:
-        cid = f"auto{self.started}-s{size}"
-        self.pool.spin_up(size, cluster_id=cid)
-        self.started += 1
-        return cid, None
-
-    def tear_down(self, cluster_id: str, now_s: float) -> None:
-        self.pool.tear_down(cluster_id)
-
-
 class Gateway:
     """The gateway's state and its dispatcher (see the module docstring).
 
@@ -285,7 +269,7 @@ class Gateway:
         self.load_based = LeastQueuedRouter(self.running_on)
         self.autoscaler_note = "off" if self.autoscaler is None and opts.autoscaler is None else "given"
         self.managed = ManagedPool(None, price_per_unit_s=opts.router_cfg.price_per_unit_s,
-                                   minimum_s=opts.router_cfg.minimum_s, backend=_PoolBackend(self.pool, len(ids)),
+                                   minimum_s=opts.router_cfg.minimum_s, backend=PoolBackend(self.pool, len(ids)),
                                    clamp_late_events=True)
         for cid, size in zip(ids, opts.cluster_sizes, strict=True):
             self.managed.add_cluster(cid, size)

@@ -42,7 +42,8 @@ if TYPE_CHECKING:
     from sloctl.control.router import Router
     from sloctl.models.predictor import LatencyPredictor
 
-__all__ = ["HttpRouter", "LiveResult", "live_setup", "run_live", "run_live_through_service", "torch_threads"]
+__all__ = ["HttpRouter", "LiveResult", "PoolBackend", "live_setup", "run_live", "run_live_through_service",
+           "torch_threads"]
 
 #: Lead time between "every cluster is ready" and the run clock's zero.
 _LEAD_S = 0.05
@@ -233,7 +234,7 @@ def run_live(
             pool.wait_ready(cid, timeout_s=_SPIN_UP_TIMEOUT_S)
         # completions are observed late: clamp billing times (see the docstring)
         managed = ManagedPool(router, autoscaler=autoscaler, price_per_unit_s=price_per_unit_s, minimum_s=minimum_s,
-                              backend=_PoolBackend(pool, len(clusters)), clamp_late_events=True)
+                              backend=PoolBackend(pool, len(clusters)), clamp_late_events=True)
         for cid, size in clusters:
             managed.add_cluster(cid, size)
         base = time.monotonic() + _LEAD_S
@@ -330,7 +331,7 @@ def _background_sizer(autoscaler: Autoscaler | None) -> Iterator[BackgroundSizer
         sizer.close()
 
 
-class _PoolBackend:
+class PoolBackend:
     """The managed pool's spin-ups and teardowns as real DuckDB cluster processes.
 
     Spun-up clusters are named ``auto{n}-s{size}``, ``n`` the number of
