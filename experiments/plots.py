@@ -132,8 +132,8 @@ def approach_bars_figure(results: Mapping[str, Any], *, title: str = "",
     approaches = list(dict.fromkeys(a for g in groups.values() for a in g))
     n_groups, n = len(groups), len(approaches)
     width = 0.8 / n
-    fig, axes = plt.subplots(2 if n_groups > 2 else 1, 1 if n_groups > 2 else 2,
-                             figsize=(min(12.0, max(7.0, 0.45 * n_groups * n + 2)), 7.5 if n_groups > 2 else 4), dpi=110)
+    figsize = (min(12.0, max(7.0, 0.45 * n_groups * n + 2)), 7.5 if n_groups > 2 else 4)
+    fig, axes = plt.subplots(2 if n_groups > 2 else 1, 1 if n_groups > 2 else 2, figsize=figsize, dpi=110)
     if n_groups == 1:  # one scenario: the approaches are the x axis, no legend needed
         groups = {a: {a: g} for a, g in next(iter(groups.values())).items()}
         n_groups, n, width = len(groups), 1, 0.7
