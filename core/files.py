@@ -5,8 +5,9 @@ log must never see a half-written file, so writers go through a temporary file
 in the same folder and rename it over the destination. ``tempfile.mkstemp``
 creates that file 0600; renamed, it would keep a mode that an Envoy running as
 another user cannot read. :func:`atomic_write` gives the result the mode an
-ordinary ``open(path, "w")`` would: ``0o666`` less the process umask (0644
-under the usual umask 022), or the mode asked for.
+ordinary ``open(path, "w")`` would: the mode of the file it replaces, else
+``0o666`` less the process umask (0644 under the usual umask 022), or the
+mode asked for.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", *, file_mode: in
     Args:
         path: the destination; its folder must exist.
         mode: ``"w"`` (text) or ``"wb"`` (binary).
-        file_mode: permission bits of the result; ``None`` gives
+        file_mode: permission bits of the result; ``None`` keeps the mode of
+            the file it replaces, and gives a new file
             :func:`default_file_mode` (0644 under umask 022).
         **open_kwargs: passed to :func:`os.fdopen` (``encoding``, ...).
 
@@ -72,7 +74,12 @@ def atomic_write(path: str | os.PathLike[str], mode: str = "w", *, file_mode: in
     if mode not in ("w", "wb"):
         raise ValueError(f"The 'mode' parameter of atomic_write must be 'w' or 'wb', got {mode!r}.")
     path = Path(path)
-    bits = default_file_mode() if file_mode is None else file_mode
+    bits = file_mode
+    if bits is None:  # a rewrite keeps the file's mode (as open(path, "w") would); a new file gets the default
+        try:
+            bits = path.stat().st_mode & 0o7777
+        except FileNotFoundError:
+            bits = default_file_mode()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode, **open_kwargs) as fh:

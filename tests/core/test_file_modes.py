@@ -1,4 +1,4 @@
-"""Files sloctl writes atomically get the mode an ordinary new file gets (0644 under umask 022)."""
+"""Atomic writes: a new file gets the mode open(path, "w") gives (0644 under umask 022); a rewrite keeps its mode."""
 
 from __future__ import annotations
 
@@ -78,3 +78,12 @@ def test_mode_other_than_text_or_binary_write_is_refused(tmp_path):
     with pytest.raises(ValueError, match="'mode' parameter of atomic_write must be 'w' or 'wb', got 'a'"), \
             atomic_write(tmp_path / "x", "a"):
         pass
+
+
+def test_a_rewrite_keeps_the_mode_the_file_had(tmp_path, umask_022):
+    path = tmp_path / "routes.json"
+    path.write_text("old")
+    os.chmod(path, 0o640)  # an operator's choice
+    with atomic_write(path) as fh:
+        fh.write("new")
+    assert path.read_text() == "new" and _bits(path) == 0o640
