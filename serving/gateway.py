@@ -808,18 +808,13 @@ class Gateway:
 
         ``ManagedPool.cost`` advances a timer to the time it is read at; a
         completion observed after that (the worker's end is in the past) would
-        then move it backwards. The gateway reads copies.
+        then move it backwards. The gateway reads the timers' copies.
         """
-        import copy
-
         with self.lock:
             now = self.now_s()
             ids = [cluster_id] if cluster_id is not None else list(self.managed.clusters)
-            total = 0.0
-            for cid in ids:
-                state = self.managed.clusters[cid].state
-                total += state.price_per_unit_s * state.size * copy.copy(state.timer).active_s(now)
-            return total
+            return sum(s.price_per_unit_s * s.size * s.timer.copy().active_s(now)
+                       for s in (self.managed.clusters[cid].state for cid in ids))
 
     def status(self) -> dict[str, Any]:
         """What ``GET /v1/gateway`` answers: clusters, router, policy, counts, waiting queries."""
