@@ -53,6 +53,7 @@ from sloctl.control.admission import InFlightRequest, MemoryGate, RequestProfile
 from sloctl.control.aqm import BottleneckAQM, DelayBudget
 from sloctl.control.credits import ClassShare, CreditController
 from sloctl.control.msemaphore import EpsilonGreedyTuner
+from sloctl.serving.local import free_port, stop_process
 
 __all__ = ["CONTROLS", "ENDPOINTS", "AppConfig", "ControllerMiddleware", "build_app", "live_experiment",
            "measure_bandwidth", "measure_resources", "open_loop"]
@@ -381,15 +382,12 @@ class _Server:
         self.config, self.start_timeout_s = dict(config), start_timeout_s
 
     def __enter__(self) -> str:
-        import socket
         import subprocess
         import sys
 
         import httpx
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         env = {**os.environ, _ENV: json.dumps(self.config), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
         self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "sloctl.experiments.admission_live:app",
                                       "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
@@ -409,15 +407,7 @@ class _Server:
             time.sleep(0.1)
 
     def __exit__(self, *exc: Any) -> None:
-        import subprocess
-
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc)
 
 
 def measure_resources(*, mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 120, lock_writes: int = 8,

@@ -36,7 +36,6 @@ import dataclasses
 import math
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -52,6 +51,7 @@ from sloctl.control.router import Query, RoundRobinRouter
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup, ScheduledSpinups
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.pool import QueryRequest
+from sloctl.serving.local import free_port, stop_process
 
 __all__ = ["ClusterMirror", "LiveEndToEndConfig", "RuntimeLog", "best_baseline", "drive_through_runtime",
            "end_to_end_live", "scale_plan", "scaled_queries"]
@@ -395,12 +395,6 @@ def _execution_view(client: Any) -> dict[str, Any]:
 
 # -- the runtime as a subprocess -----------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def register_bundle(folder: str | Path, *, tracking_uri: str, experiment: str, name: str) -> str:
     """Register a model bundle folder as ``name`` (alias ``champion``) so that ``sloctl serve`` loads it."""
     import json
@@ -435,7 +429,7 @@ def serve_subprocess(folder: Path, *, tracking_uri: str, experiment: str, model_
     """
     import yaml
 
-    port = _free_port()
+    port = free_port()
     config = {
         "registry": {"tracking_uri": tracking_uri, "experiment": experiment},
         "router": dict(router),
@@ -458,12 +452,7 @@ def serve_subprocess(folder: Path, *, tracking_uri: str, experiment: str, model_
     try:
         yield f"http://127.0.0.1:{port}", process
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
+        stop_process(process, timeout_s=20)
         stderr.close()
 
 

@@ -46,7 +46,6 @@ import math
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,6 +59,7 @@ from sloctl.experiments.retry_sweep import sweep_spec
 from sloctl.models.retry import solve_network
 from sloctl.models.retry_network import NetworkSpec, load_network, network_from_mapping
 from sloctl.serving.envoy import envoy_binary, envoy_bootstrap, policy_timing
+from sloctl.serving.local import free_port
 
 __all__ = ["RetryTestbed", "retry_live_experiment", "scaled_spec"]
 
@@ -91,12 +91,6 @@ def scaled_spec(spec: NetworkSpec, *, capacity_scale: float = 0.2, buffer: int |
     if retry_delay_s is not None:
         raw["retry_delay_s"] = retry_delay_s
     return network_from_mapping(raw)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- the services (child process) --------------------------------------------------------
@@ -277,9 +271,9 @@ class RetryTestbed:
         try:
             net = self.spec.with_retries(dict(self.k))
             names = net.service_names
-            self.ports_ = {s: {"port": _free_port(), "sidecar_port": _free_port(), "admin_port": _free_port()}
+            self.ports_ = {s: {"port": free_port(), "sidecar_port": free_port(), "admin_port": free_port()}
                            for s in names}
-            self.control_port_ = _free_port()
+            self.control_port_ = free_port()
             policy = self.policy_doc()
             config = {
                 "seed": self.seed, "classes": list(net.classes), "routing_mode": net.routing_mode,

@@ -14,7 +14,28 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["LocalServer", "replay_log", "server_options"]
+__all__ = ["LocalServer", "free_port", "replay_log", "server_options", "stop_process"]
+
+
+def free_port() -> int:
+    """A free TCP port on loopback (bound once and released: the caller binds it next)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_process(process: Any, timeout_s: float = 10.0) -> None:
+    """SIGTERM a child process, SIGKILL it if it has not exited within ``timeout_s``, and reap it."""
+    import subprocess
+
+    if process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=5)
 
 
 def server_options(serve: Any) -> dict[str, Any]:
@@ -39,9 +60,7 @@ class LocalServer:
     def __init__(self, app: Any, *, start_timeout_s: float = 30.0, options: dict[str, Any] | None = None) -> None:
         import uvicorn
 
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.start_timeout_s = start_timeout_s
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
