@@ -408,7 +408,9 @@ class Lease:
 
     ``generation`` counts the controllers a :class:`LeasedCredits` has had
     (a new admission policy starts a new pool); a lease of an older pool is
-    released without touching the new one.
+    released without touching the new one. ``owner`` names the
+    :class:`LeasedCredits` that granted it (a runtime replica, when replicas
+    share one lease book): the credit goes back to that owner's pool.
     """
 
     lease_id: str
@@ -417,6 +419,7 @@ class Lease:
     granted_s: float
     expires_s: float
     generation: int = 0
+    owner: str = ""
 
 
 class LeaseError(LookupError):
@@ -446,6 +449,16 @@ class LeaseStore(Protocol):
     def __len__(self) -> int: ...
 
     def __iter__(self) -> Iterator[Lease]: ...
+
+    def forward(self, lease: Lease, outcome: str, good: bool) -> None:
+        """Send a lease's end to its owner's pool (``outcome``: ``released`` or ``expired``).
+
+        Only a shared store sees leases of other owners; a store of one
+        process never needs it.
+        """
+
+    def take_forwarded(self, owner: str) -> list[tuple[str, int, str, bool]]:
+        """Ends of ``owner``'s leases handled elsewhere: ``(class, generation, outcome, good)``, each once."""
 
 
 class MemoryLeaseStore:
@@ -484,6 +497,12 @@ class MemoryLeaseStore:
     def __iter__(self) -> Iterator[Lease]:
         return iter(list(self._by_id.values()))
 
+    def forward(self, lease: Lease, outcome: str, good: bool) -> None:
+        raise ValueError(f"MemoryLeaseStore holds one owner's leases only, got a lease of {lease.owner!r}.")
+
+    def take_forwarded(self, owner: str) -> list[tuple[str, int, str, bool]]:
+        return []
+
 
 class LeasedCredits:
     """A :class:`CreditController` whose credits are leases: only the lease releases itself, and it expires.
@@ -502,11 +521,15 @@ class LeasedCredits:
         default_ttl_s: a lease's lifetime when ``acquire`` names none.
         max_ttl_s: the longest lifetime a caller may ask for.
         new_id: makes lease ids (default: 128 random bits, URL-safe).
+        owner: this pool's name in a lease book that several pools share (one
+            per runtime replica): a lease of another owner released or
+            reclaimed here is forwarded to its owner's pool
+            (:meth:`LeaseStore.forward`), which takes it back at its next call.
     """
 
     def __init__(self, controller: CreditController, store: LeaseStore | None = None, *,
                  default_ttl_s: float = 30.0, max_ttl_s: float = 600.0,
-                 new_id: Callable[[], str] = lambda: secrets.token_urlsafe(16)) -> None:
+                 new_id: Callable[[], str] = lambda: secrets.token_urlsafe(16), owner: str = "") -> None:
         if not (math.isfinite(max_ttl_s) and max_ttl_s > 0):
             raise ValueError(f"The 'max_ttl_s' parameter of LeasedCredits must be > 0, got {max_ttl_s!r}.")
         if not (math.isfinite(default_ttl_s) and 0 < default_ttl_s <= max_ttl_s):
@@ -517,8 +540,9 @@ class LeasedCredits:
         self.default_ttl_s = default_ttl_s
         self.max_ttl_s = max_ttl_s
         self.new_id = new_id
+        self.owner = owner
         self.generation = 0
-        self.counts = {"granted": 0, "released": 0, "expired": 0, "refused": 0}
+        self.counts = {"granted": 0, "released": 0, "expired": 0, "refused": 0, "forwarded": 0}
 
     def swap(self, controller: CreditController) -> None:
         """Put a new pool in force; leases of the old one stay valid and release without touching it."""
@@ -535,7 +559,7 @@ class LeasedCredits:
         if not self.controller.try_acquire(klass, now_s):
             self.counts["refused"] += 1
             return None
-        lease = Lease(self.new_id(), holder, klass, now_s, now_s + ttl, self.generation)
+        lease = Lease(self.new_id(), holder, klass, now_s, now_s + ttl, self.generation, self.owner)
         self.store.put(lease)
         self.counts["granted"] += 1
         return lease
@@ -555,16 +579,33 @@ class LeasedCredits:
             raise LeaseError(f"lease {lease_id!r} is held by another holder", "holder")
         if self.store.pop(lease_id) is None:  # another caller released it first
             raise LeaseError(f"no lease {lease_id!r}: released already", "unknown")
-        if lease.generation == self.generation:
+        if lease.owner != self.owner:  # another replica's credit: its pool takes it back
+            self.store.forward(lease, "released", ok and within_slo)
+            self.counts["forwarded"] += 1
+        elif lease.generation == self.generation:
             self.controller.release(lease.klass, now_s, ok=ok, within_slo=within_slo)
         self.counts["released"] += 1
         return lease
 
     def reclaim(self, now_s: float) -> list[Lease]:
-        """Return the credits of every lease expired by ``now_s`` (each a drop); the expired leases."""
+        """Return the credits of every lease expired by ``now_s`` (each a drop); the expired leases.
+
+        Also takes back the credits of this owner's leases that another
+        owner released or reclaimed (a shared lease book).
+        """
+        for klass, generation, outcome, good in self.store.take_forwarded(self.owner):
+            if generation != self.generation:
+                continue  # a lease of an earlier pool: the pool in force never counted it
+            if outcome == "released":
+                self.controller.release(klass, now_s, ok=good, within_slo=good)
+            else:
+                self.controller.record_drop(klass, now_s)
         expired = self.store.pop_expired(now_s)
         for lease in expired:
-            if lease.generation == self.generation:
+            if lease.owner != self.owner:
+                self.store.forward(lease, "expired", False)
+                self.counts["forwarded"] += 1
+            elif lease.generation == self.generation:
                 self.controller.record_drop(lease.klass, now_s)
         self.counts["expired"] += len(expired)
         return expired

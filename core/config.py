@@ -28,6 +28,7 @@ __all__ = [
     "RegistrySection",
     "RouterSection",
     "ServeSection",
+    "StateSection",
     "WarehouseConfig",
     "WorkloadConfig",
     "from_mapping",
@@ -328,6 +329,31 @@ class ServeSection:
         if self.lease_ttl_s > self.lease_max_ttl_s:
             raise ConfigError(f"key 'serve.lease_ttl_s' must be <= serve.lease_max_ttl_s ({self.lease_max_ttl_s}), "
                               f"got {self.lease_ttl_s!r}.")
+
+
+@dataclass(frozen=True)
+class StateSection:
+    """Where the controller runtime keeps its state (running queries, the bill, leases, the route log).
+
+    Attributes:
+        url: ``null`` (the SQLite file ``serve.state_db``, one runtime);
+            ``sqlite:///PATH`` (the same, another file); ``redis://HOST:PORT/DB``
+            (also ``rediss://``, ``unix://``): state shared by runtime
+            replicas behind one load balancer (docs/scale-out.md).
+        key_prefix: the prefix of every Redis key (fleets sharing one Redis
+            use different prefixes).
+    """
+
+    url: str | None = None
+    key_prefix: str = "sloctl"
+
+    def __post_init__(self) -> None:
+        if self.url is not None and self.url.split("://", 1)[0] not in ("redis", "rediss", "unix", "sqlite"):
+            raise ConfigError(f"key 'state.url' must start with redis://, rediss://, unix:// or sqlite:///, "
+                              f"got {self.url!r}.")
+        if not self.key_prefix or any(c in self.key_prefix for c in " {}"):
+            raise ConfigError(f"key 'state.key_prefix' must be a non-empty name without spaces or braces, "
+                              f"got {self.key_prefix!r}.")
 
 
 def _in_range(section: Any, name: str, **bounds: tuple[float, float]) -> None:

@@ -35,6 +35,15 @@ serves, behind one lock:
   with its knobs, which ``route`` drives as ``ManagedPool.scale`` does in
   simulation, its Spinup Size Selector on a
   :class:`~sloctl.control.background.BackgroundSizer`.
+* **Replicas.** With ``state.url: redis://...`` the state lives in Redis
+  (:class:`~sloctl.serving.state_redis.RedisStateStore`) and several
+  runtimes serve one fleet: route and complete commit atomically there (the
+  first answer for a ``query_id`` wins and a repeated call gets it back), the
+  bill is the shared timers', leases are one book, and before each decision
+  a replica applies the route-log events of the others to its own view of
+  the pool. Scaling (the plan's spin-ups, the reactive autoscaler) is
+  enacted by one replica at a time, the one holding the lead; the others
+  adopt the cluster set it publishes.
 * **Time.** ``clock`` (wall seconds, :func:`time.time` unless a test injects
   a fake) gives every time the runtime uses: ``now_s()`` counts from its
   start (``wall0``).
@@ -42,6 +51,11 @@ serves, behind one lock:
 
 from __future__ import annotations
 
+import json
+import math
+import os
+import secrets
+import socket
 import threading
 import time
 from collections import deque
@@ -63,8 +77,9 @@ from sloctl.registry.routers import build_router, router_templates
 from sloctl.registry.store import connect, load_model, load_policy
 from sloctl.serving.execution import PlanEnactor
 from sloctl.serving.state import SqliteStateStore, StateStore
+from sloctl.serving.state_redis import RedisStateStore
 
-__all__ = ["RESERVED_PREFIX", "ModelSlot", "Runtime", "RuntimeError_", "reopen_if_replaced"]
+__all__ = ["RESERVED_PREFIX", "ModelSlot", "Runtime", "RuntimeError_", "open_state_store", "reopen_if_replaced"]
 
 RESERVED_PREFIX = "_"  # cluster ids starting with it are the runtime's own (``_retired``): never a path's
 
@@ -234,7 +249,7 @@ class Runtime:
     decisions: deque = field(default_factory=lambda: deque(maxlen=50))
     history: deque = field(default_factory=lambda: deque(maxlen=500))
     clock: Callable[[], float] = time.time  # wall seconds; tests inject a fake
-    store: StateStore | None = None  # default: SqliteStateStore(state_db)
+    store: StateStore | None = None  # default: state.url's store, else SqliteStateStore(state_db)
 
     def __post_init__(self) -> None:
         serve, registry = self.cfg.serve, self.cfg.registry
@@ -245,12 +260,18 @@ class Runtime:
             ("iconq", serve.model_uri, "latency"), ("stage", serve.fallback_uri, "latency"),
             ("admission", serve.admission_uri, AdmissionPolicy.kind), ("retry", serve.retry_uri, RetryPolicy.kind),
             ("execution", serve.execution_uri, ExecutionPlan.kind))}
-        # the control step (route, bill, complete) and the cluster set; its router follows self.router
-        self.pool = ManagedPool(None, price_per_unit_s=self.cfg.router.price_per_unit_s,
-                                minimum_s=self.cfg.router.minimum_s)
-        self.origin: dict[str, str] = {}  # who brought each cluster: config, operator, plan, schedule, autoscaler
+        self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"  # unique per incarnation
         if self.store is None:
-            self.store = SqliteStateStore(self.state_db)
+            self.store = open_state_store(self.cfg, self.state_db, replica=self.replica,
+                                          answer_ttl_s=self.stale_after_s)
+        self.shared = bool(getattr(self.store, "shared", False))
+        self._lead = (0.0, not self.shared)  # (when last checked on the wall clock, holds the scaling lead)
+        # the control step (route, bill, complete) and the cluster set; its router follows self.router.
+        # Shared state: other replicas' events arrive late, so the local timers clamp (the bill is Redis's)
+        self.pool = ManagedPool(None, price_per_unit_s=self.cfg.router.price_per_unit_s,
+                                minimum_s=self.cfg.router.minimum_s, clamp_late_events=self.shared)
+        self.origin: dict[str, str] = {}  # who brought each cluster: config, operator, plan, schedule, autoscaler
+        self._log_id = self.store.last_event_id() if self.shared else None  # read before the state it follows
         saved = self.store.clusters()
         self.pool_restored = saved is not None  # the cluster set in force before a restart, not the config's
         configured = [(f"c{i}", size, "config") for i, size in enumerate(serve.cluster_sizes)]
@@ -280,6 +301,7 @@ class Runtime:
         self.refresh()
         self._reconcile()
         self._sync_clusters()
+        self._catch_up()
 
     # -- time and models -------------------------------------------------------------
     def now_s(self) -> float:
@@ -328,9 +350,80 @@ class Runtime:
     def tick(self) -> None:
         """Enact what the execution-config in force has due now (see :class:`~sloctl.serving.execution.PlanEnactor`)."""
         with self.lock:
-            self.enactor.tick(self.now_s())
+            self._catch_up()
+            if self.leads():
+                self.enactor.tick(self.now_s())
             if hasattr(self, "cost_offset"):
                 self._sync_clusters()
+
+    # -- replicas (shared state) -------------------------------------------------------
+    def leads(self) -> bool:
+        """Whether this replica enacts scaling now (always, without shared state); the lead is renewed each second."""
+        if not self.shared:
+            return True
+        wall = time.time()
+        checked, leading = self._lead
+        if wall - checked >= 1.0:
+            leading = self.store.lead(ttl_s=max(5.0, 3 * self.cfg.serve.watch_interval_s))
+            self._lead = (wall, leading)
+        return leading
+
+    def _catch_up(self) -> None:
+        """Apply the other replicas' route-log events to this replica's pool (shared state only)."""
+        if not self.shared or not hasattr(self, "router"):
+            return
+        with self.lock:
+            while True:
+                events = self.store.events(self._log_id)
+                for event_id, e in events:
+                    self._log_id = event_id
+                    kind = e.get("e")
+                    if kind == "route":
+                        self._apply_route(int(e["q"]), json.loads(e["row"]))
+                    elif kind == "complete" and int(e["q"]) in self.pool.running:
+                        self.pool.complete(int(e["q"]), float(e["t"]) - self.wall0)
+                    elif kind == "clusters" and e.get("r") != self.replica:
+                        self._apply_clusters([tuple(r) for r in json.loads(e["rows"])])
+                if len(events) < 1000:
+                    return
+
+    def _apply_route(self, query_id: int, row: dict[str, Any]) -> None:
+        """A query routed (here or by another replica) joins this replica's view of the pool."""
+        cid = row["cluster_id"]
+        mine = self.pool.running.get(query_id)
+        if mine is not None:
+            if mine.cluster_id == cid:
+                return
+            self.pool.complete(query_id, self.now_s())  # this replica lost the race for the id: the winner's stands
+        if cid not in self.pool.clusters:
+            self.pool.add_cluster(cid, int(row.get("size", 1)), spun_up_s=self.now_s())
+            self.origin.setdefault(cid, "replica")
+        arrival_s = float(row["arrival_wall"]) - self.wall0
+        predicted = row.get("predicted_s")
+        query = Query(query_id, row["template"], arrival_s, float(row["slo_s"]))
+        self.pool.restore(query, cid, math.nan if predicted is None else float(predicted), timer_s=arrival_s)
+        if self.online is not None:
+            c = self.pool.clusters[cid].state
+            self.pool.running[query_id].predicted_s = self.online.commit(
+                query_id, query.template, arrival_s, query.slo_s, cid, c.size, self.now_s())
+
+    def _apply_clusters(self, rows: list[tuple[str, int, str]]) -> None:
+        """Adopt the cluster set another replica published (clusters still running queries here stay)."""
+        now = self.now_s()
+        wanted = {cid: (int(size), origin) for cid, size, origin in rows}
+        for cid, (size, origin) in wanted.items():
+            current = self.pool.clusters.get(cid)
+            if current is None or (current.size != size and not current.running):
+                self.pool.add_cluster(cid, size, spun_up_s=now)
+            self.origin[cid] = origin or "config"
+            if origin == "operator":
+                self.pool.keep.add(cid)
+        for cid in [c for c in self.pool.clusters if c not in wanted]:
+            if not self.pool.clusters[cid].running:
+                self.pool.remove_cluster(cid)
+                self.pool.keep.discard(cid)
+                self.origin.pop(cid, None)
+        self._saved_clusters = list(rows)
 
     def _take_plan(self) -> None:
         """Put the execution slot's new plan in force; one that cannot be enacted leaves the last one in force.
@@ -449,7 +542,9 @@ class Runtime:
         controller.bound_history(serve.history_limit)
         self.admission = controller
         if self.leases is None:
-            self.leases = LeasedCredits(controller, default_ttl_s=serve.lease_ttl_s, max_ttl_s=serve.lease_max_ttl_s)
+            store = self.store.lease_store(self.wall0) if self.shared else None
+            self.leases = LeasedCredits(controller, store, default_ttl_s=serve.lease_ttl_s,
+                                        max_ttl_s=serve.lease_max_ttl_s, owner=self.replica if self.shared else "")
         else:
             self.leases.swap(controller)
 
@@ -464,7 +559,10 @@ class Runtime:
         with self.lock:
             for qid, template, cid, arrival_wall, slo_s, predicted in rows:
                 if cid not in self.pool.clusters or now_wall - arrival_wall > self.stale_after_s:
-                    self.store.remove_running(qid)
+                    if self.shared:  # ended for every replica, its billing too (a timeout: nobody completed it)
+                        self.store.commit_complete(qid, now_wall - arrival_wall, "timeout", now_wall)
+                    else:
+                        self.store.remove_running(qid)
                     self.reconciled["dropped_stale"] += 1
                     continue
                 arrival_s = arrival_wall - self.wall0
@@ -497,18 +595,41 @@ class Runtime:
         """The running queries, by id (views of the pool's records)."""
         return {qid: _Running(r, self.wall0) for qid, r in self.pool.running.items()}
 
+    @staticmethod
+    def _first_answer(first: dict[str, Any], query_id: int, **request: Any) -> dict[str, Any]:
+        """A repeated call's answer: the first one, if the call is the same one (else 409)."""
+        asked = first.pop("request", None)
+
+        def same(a: Any, b: Any) -> bool:
+            return a == b or (isinstance(b, float) and isinstance(a, (str, int, float)) and float(a) == b)
+
+        if asked is not None and (asked.keys() != request.keys() or not all(same(asked[k], v)
+                                                                           for k, v in request.items())):
+            said = ", ".join(f"{k} {v!r}" for k, v in asked.items())
+            raise RuntimeError_(f"query {query_id} was {'routed' if 'template' in asked else 'completed'} already "
+                                f"with {said}; a repeated call must name the same", status=409, field="query_id")
+        return first
+
     def route(self, query_id: int, template: str, slo_s: float) -> dict[str, Any]:
+        """Route a query (the first answer again for a repeated ``query_id``: a client may retry anywhere)."""
         with self.lock:
-            if query_id in self.pool.running:
-                raise RuntimeError_(f"query {query_id} is already running", status=409, field="query_id")
+            self._catch_up()
+            if query_id in self.pool.running or not self.shared:
+                first = self.store.answer(query_id)
+                if first is not None:
+                    return self._first_answer(first, query_id, template=template, slo_s=slo_s)
+                if query_id in self.pool.running:  # running from before answers were kept
+                    raise RuntimeError_(f"query {query_id} is already running", status=409, field="query_id")
             if self.router_kind != "round-robin":
                 self.check_template(template)
             now = self.now_s()
-            self.enactor.tick(now)  # scheduled spin-ups due by now, clusters now ready
+            leads = self.leads()
+            if leads:
+                self.enactor.tick(now)  # scheduled spin-ups due by now, clusters now ready
             if not self.pool.routable(now):
                 raise RuntimeError_("the pool has no ready cluster to route to", status=409)
             query = Query(query_id, template, now, slo_s)
-            if self.pool.autoscaler is not None:  # the reactive autoscaler at this arrival, as in simulation
+            if self.pool.autoscaler is not None and leads:  # the reactive autoscaler at this arrival, as in simulation
                 self.pool.scale(query, now)
                 self.enactor.drain(now, "autoscaler")
             started = time.perf_counter()
@@ -516,32 +637,62 @@ class Runtime:
             decision_ms = (time.perf_counter() - started) * 1e3
             cluster = self.pool.clusters[decision.cluster_id].state
             predicted = None if not np.isfinite(decision.predicted_s) else float(decision.predicted_s)
-            self.store.add_running((query_id, template, cluster.cluster_id, self.wall0 + now, slo_s, predicted))
-            self._sync_clusters()
             out = {"query_id": query_id, "cluster_id": cluster.cluster_id, "cluster_size": cluster.size,
                    "predicted_latency_s": predicted, "model": self.router_kind,
                    "model_version": self.slots[self.router_kind].version if self.router_kind != "round-robin"
                    else None, "fallback": self.router_kind != "iconq", "guard": decision.fallback,
                    "decision_ms": decision_ms,
                    "explanation": {cid: {k: float(v) for k, v in e.items()} for cid, e in decision.explanation.items()}}
+            kept = {**out, "request": {"template": template, "slo_s": slo_s}}
+            if self.shared:
+                row = {"template": template, "cluster_id": cluster.cluster_id, "size": cluster.size,
+                       "arrival_wall": self.wall0 + now, "slo_s": slo_s, "predicted_s": predicted}
+                won, first = self.store.commit_route(query_id, kept, row, self.wall0 + now, cluster.size,
+                                                     self.cfg.router.minimum_s)
+                if not won:  # routed before (by another replica, or before it completed): the first answer stands
+                    self.pool.complete(query_id, now)
+                    self._catch_up()
+                    return self._first_answer(first, query_id, template=template, slo_s=slo_s)
+            else:
+                self.store.add_running((query_id, template, cluster.cluster_id, self.wall0 + now, slo_s, predicted),
+                                       kept)
+            self._sync_clusters()
             self.decisions.append({"t": now, "query_id": query_id, "template": template,
                                    "cluster_id": cluster.cluster_id, "model": self.router_kind,
                                    "predicted_s": predicted})
             return out
 
     def complete(self, query_id: int, latency_s: float, status: str) -> dict[str, Any]:
+        """A routed query ended (the first answer again for a repeated call)."""
         with self.lock:
-            if query_id not in self.pool.running:
-                raise RuntimeError_(f"query {query_id} is not running", status=404, field="query_id")
+            self._catch_up()
             now = self.now_s()
-            r = self.pool.complete(query_id, now)
-            violated = status != "ok" or latency_s > r.query.slo_s
-            self.completed += 1
-            self.violations += int(violated)
-            self.store.remove_running(query_id)
+            if self.shared:
+                outcome, answer, counters = self.store.commit_complete(query_id, latency_s, status, self.wall0 + now)
+                if outcome == "unknown":
+                    raise RuntimeError_(f"query {query_id} is not running", status=404, field="query_id")
+                if outcome == "repeat":
+                    return self._first_answer(answer, query_id, latency_s=latency_s, status=status)
+                self.completed, self.violations = counters
+                answer.pop("request", None)
+                if query_id in self.pool.running:
+                    self.pool.complete(query_id, now)
+            else:
+                if query_id not in self.pool.running:
+                    first = self.store.done(query_id)
+                    if first is not None:
+                        return self._first_answer(first, query_id, latency_s=latency_s, status=status)
+                    raise RuntimeError_(f"query {query_id} is not running", status=404, field="query_id")
+                r = self.pool.complete(query_id, now)
+                violated = status != "ok" or latency_s > r.query.slo_s
+                self.completed += 1
+                self.violations += int(violated)
+                answer = {"query_id": query_id, "cluster_id": r.cluster_id, "violated": violated,
+                          "predicted_latency_s": None if not np.isfinite(r.predicted_s) else r.predicted_s}
+                self.store.remove_running(query_id, {**answer, "request": {"latency_s": latency_s,
+                                                                           "status": status}})
             self.history.append({"t": now, "vr": self.violations / self.completed, "cost": self.report_cost(now)})
-            return {"query_id": query_id, "cluster_id": r.cluster_id, "violated": violated,
-                    "predicted_latency_s": None if not np.isfinite(r.predicted_s) else r.predicted_s}
+            return answer
 
     @staticmethod
     def _check_name(cluster_id: str) -> None:
@@ -607,16 +758,27 @@ class Runtime:
                                 field="cluster_id")
 
     def _retire_cost(self, cluster_id: str) -> None:
+        if self.shared:
+            self.store.retire(cluster_id, self.wall0 + self.now_s())
+            return
         self.cost_offset["_retired"] = self.cost_offset.get("_retired", 0.0) + self.cost(cluster_id, self.now_s())
         self.cost_offset.pop(cluster_id, None)
 
     def cost(self, cluster_id: str, now: float) -> float:
+        if self.shared:  # the shared timers bill every replica's queries
+            return self.cfg.router.price_per_unit_s * self.store.bill(self.wall0 + now, [cluster_id])[0].get(
+                cluster_id, 0.0)
         return self.cost_offset.get(cluster_id, 0.0) + self.pool.cost(cluster_id, now)
 
     def total_cost(self, now: float) -> float:
+        if self.shared:
+            per, retired = self.store.bill(self.wall0 + now, list(self.pool.clusters))
+            return self.cfg.router.price_per_unit_s * (sum(per.values()) + retired)
         return self.cost_offset.get("_retired", 0.0) + sum(self.cost(cid, now) for cid in self.pool.clusters)
 
     def _persist_cost(self, now: float) -> None:
+        if self.shared:
+            return  # every change is in Redis already
         rows = [(cid, self.cost(cid, now)) for cid in self.pool.clusters]
         rows.append(("_retired", self.cost_offset.get("_retired", 0.0)))
         self.store.save_costs(rows)
@@ -630,10 +792,14 @@ class Runtime:
     def clusters_view(self) -> dict[str, Any]:
         """The pool: ready clusters (``clusters``), those still starting, and the recent scaling events."""
         with self.lock:
+            self._catch_up()
             now = self.now_s()
-            self.enactor.tick(now)
+            if self.leads():
+                self.enactor.tick(now)
             self._sync_clusters()
             total = self.report_cost(now)
+            if self.shared:
+                self.completed, self.violations = self.store.counters()
             return {"clusters": [{"cluster_id": cid, "size": c.size, "running": sorted(
                 qid for qid, r in self.pool.running.items() if r.cluster_id == cid),
                 "accrued_cost": self.cost(cid, now), "origin": self.origin.get(cid), "retired": c.retired}
@@ -647,7 +813,8 @@ class Runtime:
     def execution_view(self) -> dict[str, Any] | None:
         """The execution-config in force and what it enacted (``GET /v1/execution-config``); ``None``: none."""
         with self.lock:
-            self.enactor.tick(self.now_s())
+            if self.leads():
+                self.enactor.tick(self.now_s())
             view = self.enactor.view()
             return None if view is None else {**self.enactor.current.plan.to_doc(), **view}
 
@@ -657,6 +824,21 @@ class Runtime:
             self._persist_cost(self.now_s())
             self._sync_clusters()
             self.store.close()
+
+
+def open_state_store(cfg: Any, state_db: str, *, replica: str, answer_ttl_s: float) -> StateStore:
+    """The store ``state.url`` names: Redis (``redis://``, ``rediss://``, ``unix://``) shared by replicas, else
+    the SQLite file ``state_db`` (also ``sqlite:///PATH`` in ``state.url``)."""
+    section = getattr(cfg, "state", None)
+    url = getattr(section, "url", None)
+    if url and url.split("://", 1)[0] in ("redis", "rediss", "unix"):
+        return RedisStateStore(url, prefix=section.key_prefix, replica=replica, answer_ttl_s=answer_ttl_s)
+    if url and url.startswith("sqlite:///"):
+        state_db = url.removeprefix("sqlite:///")
+    elif url:
+        raise ValueError(f"The 'state.url' setting must start with redis://, rediss://, unix:// or sqlite:///, "
+                         f"got {url!r}.")
+    return SqliteStateStore(state_db, answer_ttl_s=answer_ttl_s)
 
 
 def _no_what_if(model: Any) -> Any:

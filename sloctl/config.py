@@ -18,6 +18,7 @@ from sloctl.core.config import (
     RegistrySection,
     RouterSection,
     ServeSection,
+    StateSection,
     WarehouseConfig,
     WorkloadConfig,
     from_mapping,
@@ -35,6 +36,7 @@ __all__ = [
     "RouterSection",
     "ServeSection",
     "SloctlConfig",
+    "StateSection",
     "WarehouseConfig",
     "WorkloadConfig",
     "from_mapping",
@@ -96,6 +98,7 @@ class SloctlConfig:
     iconq: IconqSection = field(default_factory=IconqSection)
     registry: RegistrySection = field(default_factory=RegistrySection)
     router: RouterSection = field(default_factory=RouterSection)
+    state: StateSection = field(default_factory=StateSection)
 
 
 def load_config(path: str | Path | None = None) -> SloctlConfig:

@@ -194,10 +194,10 @@ def test_work_that_frees_resources_is_never_shed(tmp_path, sim_log, registry_uri
 
 
 def test_status_error_matches_the_query_log(client, template):
-    client.post("/v1/route", json={"query_id": 5, "template": template, "slo_s": 5.0}, headers=AUTH)
-    failed = client.post("/v1/complete", json={"query_id": 5, "latency_s": 0.1, "status": "failed"}, headers=AUTH)
+    client.post("/v1/route", json={"query_id": 905, "template": template, "slo_s": 5.0}, headers=AUTH)
+    failed = client.post("/v1/complete", json={"query_id": 905, "latency_s": 0.1, "status": "failed"}, headers=AUTH)
     assert failed.status_code == 422 and failed.json()["field"] == "status"
-    done = client.post("/v1/complete", json={"query_id": 5, "latency_s": 0.1, "status": "error"}, headers=AUTH)
+    done = client.post("/v1/complete", json={"query_id": 905, "latency_s": 0.1, "status": "error"}, headers=AUTH)
     assert done.status_code == 200 and done.json()["violated"] is True
 
 
