@@ -37,7 +37,7 @@ from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
 from sloctl._cli_sidecar import sidecar_app
-from sloctl.core.errors import QueryLogError
+from sloctl.core.errors import ConfigError, QueryLogError
 from sloctl.datasets.merge import DEFAULT_GAP_S
 
 app = typer.Typer(
@@ -480,9 +480,13 @@ def serve_cmd(
     templates_log: Path | None = typer.Option(None, help="Query log giving each template's plan features "
                                               "(default: serve.templates_log)."),
     insecure: bool = typer.Option(False, help="Allow starting without a token (mutating endpoints open)."),
+    state_url: str | None = typer.Option(None, help="Where runtime state lives (default: state.url; none: the "
+                                         "SQLite file serve.state_db). redis://HOST:PORT/DB: shared by replicas "
+                                         "(docs/scale-out.md)."),
     config: Path | None = ConfigOption,
 ) -> None:
     """The controller runtime: routing, admission and retry budgets over HTTP (see docs/serving.md)."""
+    import dataclasses
     import os
 
     import uvicorn
@@ -491,6 +495,13 @@ def serve_cmd(
     from sloctl.serving.runtime import load_templates_table
 
     cfg = load_cli_config(config)
+    if state_url is not None:
+        from sloctl.config import StateSection
+
+        try:
+            cfg = dataclasses.replace(cfg, state=StateSection(url=state_url, key_prefix=cfg.state.key_prefix))
+        except ConfigError as exc:
+            raise typer.BadParameter(str(exc).removeprefix("key 'state.url' "), param_hint="--state-url") from None
     token = os.environ.get("SLOCTL_TOKEN") or cfg.serve.token
     if not token and not insecure:
         raise typer.BadParameter("no bearer token: set SLOCTL_TOKEN or serve.token in the config "
@@ -512,8 +523,16 @@ def serve_cmd(
             why = log_mismatch(uri, log_path, tracking_uri=cfg.registry.tracking_uri)
             if why:
                 echo(f"warning: {uri}: {why} (templates log {log_path})")
+    where = cfg.serve.state_db
+    if cfg.state.url and not cfg.state.url.startswith("sqlite:///"):
+        from sloctl.serving.state_redis import connect_redis
+
+        connect_redis(cfg.state.url).close()  # unreachable: one error line and exit 2, before the app starts
+        where = f"{cfg.state.url}, keys {cfg.state.key_prefix}:*, shared with other replicas"
+    elif cfg.state.url:
+        where = cfg.state.url.removeprefix("sqlite:///")
     app_ = create_app(cfg, token=token or None, templates=templates)
-    echo(f"sloctl serve on http://{host}:{sock.getsockname()[1]} (state in {cfg.serve.state_db})")
+    echo(f"sloctl serve on http://{host}:{sock.getsockname()[1]} (state in {where})")
     from sloctl.serving.local import server_options
 
     # the connection cap, keep-alive and header limits of the serve: section (docs/serving.md, "The front door")

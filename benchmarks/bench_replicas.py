@@ -1,0 +1,112 @@
+"""Route+complete throughput of one runtime replica vs two on one Redis (issue 20), measured side by side.
+
+Trains the tiny Iconq+ model of ``bench_runtime.py`` (registered in a
+temporary SQLite registry, routed with its template table), starts a Redis
+server on loopback (the test suite's ``tests/servers.py``) and then, for
+several rounds alternating the two set-ups, ``N`` ``sloctl serve`` processes
+sharing ``state.url`` (N = 1, then 2) on a pool of 4 clusters. A closed-loop
+load of keep-alive clients (``sloctl.experiments.replicas.drive``: one
+asyncio process, a hand-written HTTP/1.1 client) routes a query on one
+replica and completes it on the next, for ``--seconds`` per round after a
+short warm-up. Throughput is completed pairs per second; the figure is the
+ratio of the medians over rounds (with each round's ratio), both set-ups
+measured in the same run on the same machine.
+
+The load generator and Redis run on the same cores as the replicas: on a
+2-core machine two replicas compete with them, so the ratio is a floor for
+replicas on machines of their own.
+
+Run: ``.venv/bin/python benchmarks/bench_replicas.py [--rounds 3] [--seconds 15] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "bench-replicas-token-0123456789"
+CLUSTER_SIZES = (1, 1, 2, 2)
+
+
+def _module(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_round(n: int, folder: Path, redis_url: str, info: dict[str, str], *, seconds: float, workers: int,
+              round_no: int) -> dict[str, float]:
+    from sloctl.experiments.replicas import drive, start_replicas, write_config
+
+    prefix = f"bench{n}r{round_no}"
+    config = write_config(folder / f"{prefix}.yaml", state_url=redis_url, prefix=prefix,
+                          tracking_uri=info["tracking_uri"], cluster_sizes=CLUSTER_SIZES, minimum_s=60.0,
+                          templates_log=info["templates"])
+    replicas = start_replicas(n, config, TOKEN, folder)
+    try:
+        templates = ["t00", "t01", "t02", "t03", "t04", "t05"]
+        drive(replicas, TOKEN, route_pairs=10**7, workers=workers, seed=round_no, templates=templates,
+              duration_s=2.0, first_id=0)  # warm-up: models loaded, connections open, caches hot
+        load = drive(replicas, TOKEN, route_pairs=10**7, workers=workers, seed=round_no, templates=templates,
+                     duration_s=seconds, first_id=10**8)
+    finally:
+        for r in replicas:
+            r.stop()
+    if load.server_errors:
+        raise RuntimeError(f"{load.server_errors} server errors with {n} replicas: {dict(load.statuses)}")
+    return {"replicas": n, "pairs": len(load.completed), "wall_s": load.wall_s,
+            "pairs_per_s": len(load.completed) / load.wall_s}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+
+    bench_runtime = _module(ROOT / "benchmarks" / "bench_runtime.py", "_bench_runtime")
+    servers = _module(ROOT / "tests" / "servers.py", "_sloctl_test_servers")
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        print("training the tiny Iconq+ model ...", file=sys.stderr)
+        info = bench_runtime.prepare(folder)
+        redis = servers.start_redis()
+        rows = []
+        try:
+            for k in range(args.rounds):
+                for n in ((1, 2) if k % 2 == 0 else (2, 1)):  # alternate the order: drift hits both alike
+                    row = run_round(n, folder, redis.url, info, seconds=args.seconds, workers=args.workers,
+                                    round_no=k)
+                    print(f"round {k}: {n} replica(s): {row['pairs_per_s']:.1f} route+complete pairs/s",
+                          file=sys.stderr)
+                    rows.append({**row, "round": k})
+        finally:
+            redis.stop()
+    one = [r["pairs_per_s"] for r in rows if r["replicas"] == 1]
+    two = [r["pairs_per_s"] for r in rows if r["replicas"] == 2]
+    per_round = [b / a for a, b in zip(one, two, strict=True)]
+    out = {"bench": "replicas", "cluster_sizes": list(CLUSTER_SIZES), "workers": args.workers,
+           "seconds": args.seconds, "rounds": rows, "one_replica_pairs_per_s": statistics.median(one),
+           "two_replicas_pairs_per_s": statistics.median(two),
+           "ratio": statistics.median(two) / statistics.median(one), "ratio_per_round": per_round,
+           "command": "python benchmarks/bench_replicas.py " + " ".join(sys.argv[1:])}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"route+complete pairs/s: 1 replica {out['one_replica_pairs_per_s']:.1f}, 2 replicas "
+              f"{out['two_replicas_pairs_per_s']:.1f}: ratio {out['ratio']:.2f} "
+              f"(per round {', '.join(f'{r:.2f}' for r in per_round)})")
+
+
+if __name__ == "__main__":
+    main()
