@@ -42,7 +42,7 @@ def _module(path: Path, name: str):
     return module
 
 
-def run_round(n: int, folder: Path, redis_url: str, info: dict[str, str], *, seconds: float, workers: int,
+def run_round(n: int, folder: Path, redis_url: str, info: dict[str, str | None], *, seconds: float, workers: int,
               round_no: int) -> dict[str, float]:
     from sloctl.experiments.replicas import drive, start_replicas, write_config
 
@@ -71,6 +71,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--router", choices=["iconq", "round-robin"], default="iconq",
+                        help="iconq: the tiny Iconq+ model routes (each replica keeps every running query's "
+                             "incremental state); round-robin: no model registered")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -78,8 +81,14 @@ def main() -> None:
     servers = _module(ROOT / "tests" / "servers.py", "_sloctl_test_servers")
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        print("training the tiny Iconq+ model ...", file=sys.stderr)
-        info = bench_runtime.prepare(folder)
+        if args.router == "iconq":
+            print("training the tiny Iconq+ model ...", file=sys.stderr)
+            info = bench_runtime.prepare(folder)
+        else:
+            from sloctl.registry.store import connect
+
+            info = {"tracking_uri": f"sqlite:///{folder / 'empty.db'}", "templates": None}
+            connect(info["tracking_uri"])
         redis = servers.start_redis()
         rows = []
         try:
@@ -95,7 +104,7 @@ def main() -> None:
     one = [r["pairs_per_s"] for r in rows if r["replicas"] == 1]
     two = [r["pairs_per_s"] for r in rows if r["replicas"] == 2]
     per_round = [b / a for a, b in zip(one, two, strict=True)]
-    out = {"bench": "replicas", "cluster_sizes": list(CLUSTER_SIZES), "workers": args.workers,
+    out = {"bench": "replicas", "router": args.router, "cluster_sizes": list(CLUSTER_SIZES), "workers": args.workers,
            "seconds": args.seconds, "rounds": rows, "one_replica_pairs_per_s": statistics.median(one),
            "two_replicas_pairs_per_s": statistics.median(two),
            "ratio": statistics.median(two) / statistics.median(one), "ratio_per_round": per_round,
@@ -103,7 +112,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"route+complete pairs/s: 1 replica {out['one_replica_pairs_per_s']:.1f}, 2 replicas "
+        print(f"{args.router}: route+complete pairs/s: 1 replica {out['one_replica_pairs_per_s']:.1f}, 2 replicas "
               f"{out['two_replicas_pairs_per_s']:.1f}: ratio {out['ratio']:.2f} "
               f"(per round {', '.join(f'{r:.2f}' for r in per_round)})")
 

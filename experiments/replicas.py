@@ -169,11 +169,14 @@ async def _drive(replicas: list[Replica], token: str, *, route_pairs: int, admit
                  seed: int, first_id: int, templates: list[str], kill_after: int | None,
                  duration_s: float | None, result: LoadResult) -> None:
     rng = random.Random(seed)
-    work = [("route", first_id + i) for i in range(route_pairs)] + [("admit", i) for i in range(admit_pairs)]
-    rng.shuffle(work)
-    queue: asyncio.Queue = asyncio.Queue()
-    for item in work:
-        queue.put_nowait(item)
+    total = route_pairs + admit_pairs
+    if total <= 1_000_000:
+        order = [("route", first_id + i) for i in range(route_pairs)] + [("admit", i) for i in range(admit_pairs)]
+        rng.shuffle(order)
+        work = iter(order)
+    else:  # a throughput run: pairs drawn as they are taken (a list of millions would cost the servers' CPU)
+        work = (("route", first_id + i) if rng.random() * total < route_pairs else ("admit", i)
+                for i in range(total))
     done = 0
     deadline = None if duration_s is None else time.monotonic() + duration_s
 
@@ -200,8 +203,11 @@ async def _drive(replicas: list[Replica], token: str, *, route_pairs: int, admit
         nonlocal done
         conns: dict[int, _Conn] = {}
         i = w
-        while not queue.empty() and (deadline is None or time.monotonic() < deadline):
-            kind, n = queue.get_nowait()
+        while deadline is None or time.monotonic() < deadline:
+            item = next(work, None)
+            if item is None:
+                break
+            kind, n = item
             a, b = i % len(replicas), (i + 1) % len(replicas)  # the pair's two calls go to different replicas
             i += 1
             if kind == "route":
@@ -294,9 +300,10 @@ def audit(redis_url: str, prefix: str, *, price_per_unit_s: float, reported_cost
                           if s2 < e1 - 1e-9)
         outside = 0
         for _, event in r.xrange(key("log")):
-            if event.get("e") != "route":
+            kind, qid, cid, t, *_ = (event["d"].split("|", 4) + ["", "", ""])[:5]
+            if kind != "route":
                 continue
-            t, ws = float(event["t"]), windows.get(event["c"], [])
+            t, ws = float(t), windows.get(cid, [])
             if not any(a - 1e-6 <= t <= b + 1e-6 for a, b, _ in ws):
                 outside += 1
         counters = r.hgetall(key("counters"))

@@ -368,24 +368,38 @@ class Runtime:
             self._lead = (wall, leading)
         return leading
 
-    def _catch_up(self) -> None:
-        """Apply the other replicas' route-log events to this replica's pool (shared state only)."""
+    SYNC_S = 0.002  # a decision reads the route log first unless the last read is younger than this
+
+    def _catch_up(self, *, unless_fresh: bool = False) -> None:
+        """Apply the other replicas' route-log events to this replica's pool (shared state only).
+
+        With ``unless_fresh``, skip the read when the last one (every commit
+        returns the events since the one before) is under :attr:`SYNC_S` old:
+        under load a replica's calls follow each other within that, so its
+        view is that fresh at worst, at one Redis round trip per call.
+        """
         if not self.shared or not hasattr(self, "router"):
             return
+        if unless_fresh and time.monotonic() - getattr(self, "_synced", -math.inf) < self.SYNC_S:
+            return
         with self.lock:
-            while True:
-                events = self.store.events(self._log_id)
-                for event_id, e in events:
-                    self._log_id = event_id
-                    kind = e.get("e")
-                    if kind == "route":
-                        self._apply_route(int(e["q"]), json.loads(e["row"]))
-                    elif kind == "complete" and int(e["q"]) in self.pool.running:
-                        self.pool.complete(int(e["q"]), float(e["t"]) - self.wall0)
-                    elif kind == "clusters" and e.get("r") != self.replica:
-                        self._apply_clusters([tuple(r) for r in json.loads(e["rows"])])
-                if len(events) < 1000:
-                    return
+            while self._absorb(self.store.events(self._log_id)):
+                pass
+
+    def _absorb(self, events: list) -> bool:
+        """Apply route-log events; True when there may be more (a full page)."""
+        for event_id, replica, e in events:
+            self._log_id = event_id
+            if replica == self.replica:
+                continue  # this replica's own change: applied when it was made
+            if e[0] == "route":
+                self._apply_route(int(e[1]), json.loads(e[4]))
+            elif e[0] == "complete" and int(e[1]) in self.pool.running:
+                self.pool.complete(int(e[1]), float(e[3]) - self.wall0)
+            elif e[0] == "clusters":
+                self._apply_clusters([tuple(r) for r in json.loads(e[1])])
+        self._synced = time.monotonic()
+        return len(events) >= 1000
 
     def _apply_route(self, query_id: int, row: dict[str, Any]) -> None:
         """A query routed (here or by another replica) joins this replica's view of the pool."""
@@ -613,7 +627,7 @@ class Runtime:
     def route(self, query_id: int, template: str, slo_s: float) -> dict[str, Any]:
         """Route a query (the first answer again for a repeated ``query_id``: a client may retry anywhere)."""
         with self.lock:
-            self._catch_up()
+            self._catch_up(unless_fresh=True)
             if query_id in self.pool.running or not self.shared:
                 first = self.store.answer(query_id)
                 if first is not None:
@@ -647,11 +661,14 @@ class Runtime:
             if self.shared:
                 row = {"template": template, "cluster_id": cluster.cluster_id, "size": cluster.size,
                        "arrival_wall": self.wall0 + now, "slo_s": slo_s, "predicted_s": predicted}
-                won, first = self.store.commit_route(query_id, kept, row, self.wall0 + now, cluster.size,
-                                                     self.cfg.router.minimum_s)
+                log_id = self._log_id
+                won, first, events = self.store.commit_route(query_id, kept, row, self.wall0 + now, cluster.size,
+                                                             self.cfg.router.minimum_s, log_id)
                 if not won:  # routed before (by another replica, or before it completed): the first answer stands
                     self.pool.complete(query_id, now)
+                if self._absorb(events):
                     self._catch_up()
+                if not won:
                     return self._first_answer(first, query_id, template=template, slo_s=slo_s)
             else:
                 self.store.add_running((query_id, template, cluster.cluster_id, self.wall0 + now, slo_s, predicted),
@@ -665,10 +682,12 @@ class Runtime:
     def complete(self, query_id: int, latency_s: float, status: str) -> dict[str, Any]:
         """A routed query ended (the first answer again for a repeated call)."""
         with self.lock:
-            self._catch_up()
             now = self.now_s()
-            if self.shared:
-                outcome, answer, counters = self.store.commit_complete(query_id, latency_s, status, self.wall0 + now)
+            if self.shared:  # no read first: the commit returns what the others did since this replica's last call
+                outcome, answer, counters, events = self.store.commit_complete(query_id, latency_s, status,
+                                                                               self.wall0 + now, self._log_id)
+                if self._absorb(events):
+                    self._catch_up()
                 if outcome == "unknown":
                     raise RuntimeError_(f"query {query_id} is not running", status=404, field="query_id")
                 if outcome == "repeat":
@@ -691,8 +710,19 @@ class Runtime:
                           "predicted_latency_s": None if not np.isfinite(r.predicted_s) else r.predicted_s}
                 self.store.remove_running(query_id, {**answer, "request": {"latency_s": latency_s,
                                                                            "status": status}})
-            self.history.append({"t": now, "vr": self.violations / self.completed, "cost": self.report_cost(now)})
+            self.history.append({"t": now, "vr": self.violations / self.completed, "cost": self._history_cost(now)})
             return answer
+
+    def _history_cost(self, now: float) -> float:
+        """The total cost for the history and ``sloctl_cost``: shared state reads the bill at most once a second
+        (it is in Redis already; reading it settles every timer), one runtime persists it at every completion."""
+        if not self.shared:
+            return self.report_cost(now)
+        at, cost = getattr(self, "_cost_read", (-math.inf, 0.0))
+        if now - at >= 1.0:
+            at, cost = now, self.report_cost(now)
+            self._cost_read = (at, cost)
+        return cost
 
     @staticmethod
     def _check_name(cluster_id: str) -> None:

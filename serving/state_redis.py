@@ -48,6 +48,11 @@ local function num(x, default)
   return tonumber(x)
 end
 local function fmt(x) return string.format('%.17g', x) end
+-- the route-log events after the caller's last one: a replica learns the others' changes in the same round trip
+local function since(prefix, last_id)
+  if last_id == '' then return {} end
+  return redis.call('XRANGE', prefix .. ':log', '(' .. last_id, '+', 'COUNT', 1000)
+end
 -- BillingTimer._advance on the wall clock: close a window whose pause time has passed
 local function advance(prefix, cid, t)
   local key = prefix .. ':timer:' .. cid
@@ -71,10 +76,10 @@ end
 """
 
 _ROUTE = _LIB + r"""
--- ARGV: prefix, query_id, answer, row, t, cluster_id, size, minimum_s, replica, maxlen
+-- ARGV: prefix, query_id, answer, row, t, cluster_id, size, minimum_s, replica, maxlen, last event id
 local prefix, qid = ARGV[1], ARGV[2]
 local prior = redis.call('GET', prefix .. ':route:' .. qid)
-if prior then return {0, prior} end
+if prior then return {0, prior, since(prefix, ARGV[11])} end
 local cid = ARGV[6]
 local key = prefix .. ':timer:' .. cid
 if redis.call('EXISTS', key) == 0 then
@@ -85,18 +90,18 @@ if num(redis.call('HGET', key, 'start'), nil) == nil then redis.call('HSET', key
 redis.call('HINCRBY', key, 'running', 1)
 redis.call('SET', prefix .. ':route:' .. qid, ARGV[3])
 redis.call('HSET', prefix .. ':running', qid, ARGV[4])
-redis.call('XADD', prefix .. ':log', 'MAXLEN', '~', ARGV[10], '*', 'e', 'route', 'q', qid, 'c', cid,
-           't', fmt(t), 'r', ARGV[9], 'row', ARGV[4])
-return {1, ARGV[3]}
+redis.call('XADD', prefix .. ':log', 'MAXLEN', '~', ARGV[10], '*', 'r', ARGV[9],
+           'd', 'route|' .. qid .. '|' .. cid .. '|' .. fmt(t) .. '|' .. ARGV[4])
+return {1, ARGV[3], since(prefix, ARGV[11])}
 """
 
 _COMPLETE = _LIB + r"""
--- ARGV: prefix, query_id, latency_s, status, t, replica, answer_ttl_s, maxlen
+-- ARGV: prefix, query_id, latency_s, status, t, replica, answer_ttl_s, maxlen, last event id
 local prefix, qid = ARGV[1], ARGV[2]
 local done = redis.call('GET', prefix .. ':done:' .. qid)
-if done then return {0, done} end
+if done then return {0, done, since(prefix, ARGV[9])} end
 local row = redis.call('HGET', prefix .. ':running', qid)
-if not row then return {-1, ''} end
+if not row then return {-1, '', since(prefix, ARGV[9])} end
 local r = cjson.decode(row)
 local cid = r['cluster_id']
 local key = prefix .. ':timer:' .. cid
@@ -116,9 +121,9 @@ local answer = cjson.encode({query_id = tonumber(qid), cluster_id = cid, violate
 local ttl = tonumber(ARGV[7])
 redis.call('SET', prefix .. ':done:' .. qid, answer, 'EX', ttl)
 redis.call('EXPIRE', prefix .. ':route:' .. qid, ttl)
-redis.call('XADD', prefix .. ':log', 'MAXLEN', '~', ARGV[8], '*', 'e', 'complete', 'q', qid, 'c', cid,
-           't', fmt(t), 'r', ARGV[6])
-return {1, answer, completed, violations}
+redis.call('XADD', prefix .. ':log', 'MAXLEN', '~', ARGV[8], '*', 'r', ARGV[6],
+           'd', 'complete|' .. qid .. '|' .. cid .. '|' .. fmt(t))
+return {1, answer, since(prefix, ARGV[9]), completed, violations}
 """
 
 _SETTLE = _LIB + r"""
@@ -273,7 +278,7 @@ class RedisStateStore:
         doc = json.dumps([list(r) for r in rows])
         with self.r.pipeline(transaction=True) as p:
             p.set(self.key("clusters"), doc)
-            p.xadd(self.key("log"), {"e": "clusters", "rows": doc, "r": self.replica}, maxlen=self.log_maxlen,
+            p.xadd(self.key("log"), {"r": self.replica, "d": f"clusters|{doc}"}, maxlen=self.log_maxlen,
                    approximate=True)
             p.execute()
 
@@ -293,23 +298,28 @@ class RedisStateStore:
         return None if doc is None else json.loads(doc)
 
     def commit_route(self, query_id: int, answer: dict[str, Any], row: dict[str, Any], t_wall: float,
-                     size: int, minimum_s: float) -> tuple[bool, dict[str, Any]]:
-        """Record a route decision unless one exists; ``(True, answer)`` if this one won, else ``(False, first)``."""
-        first, doc = self._route(args=[self.prefix, query_id, json.dumps(answer), json.dumps(row), _F % t_wall,
-                                       row["cluster_id"], size, _F % minimum_s, self.replica, self.log_maxlen])
-        return bool(first), json.loads(doc)
+                     size: int, minimum_s: float, after_id: str = "") -> tuple[bool, dict[str, Any], list]:
+        """Record a route decision unless one exists: ``(True, answer, events)`` if this one won, else
+        ``(False, first answer, events)``; ``events`` are the route log's after ``after_id`` (as :meth:`events`;
+        none when ``after_id`` is empty)."""
+        first, doc, events = self._route(args=[self.prefix, query_id, json.dumps(answer), json.dumps(row),
+                                               _F % t_wall, row["cluster_id"], size, _F % minimum_s, self.replica,
+                                               self.log_maxlen, after_id])
+        return bool(first), json.loads(doc), _parse_events(events)
 
-    def commit_complete(self, query_id: int, latency_s: float, status: str,
-                        t_wall: float) -> tuple[str, dict[str, Any] | None, tuple[int, int] | None]:
-        """End a running query: ``("new", answer, (completed, violations))``, ``("repeat", first answer, None)``
-        or ``("unknown", None, None)`` (never routed, or forgotten)."""
+    def commit_complete(self, query_id: int, latency_s: float, status: str, t_wall: float, after_id: str = ""
+                        ) -> tuple[str, dict[str, Any] | None, tuple[int, int] | None, list]:
+        """End a running query: ``("new", answer, (completed, violations), events)``, ``("repeat", first answer,
+        None, events)`` or ``("unknown", None, None, events)`` (never routed, or forgotten); ``events`` as in
+        :meth:`commit_route`."""
         out = self._complete(args=[self.prefix, query_id, _F % latency_s, status, _F % t_wall, self.replica,
-                                   int(self.answer_ttl_s), self.log_maxlen])
+                                   int(self.answer_ttl_s), self.log_maxlen, after_id])
+        events = _parse_events(out[2])
         if out[0] == -1:
-            return "unknown", None, None
+            return "unknown", None, None, events
         if out[0] == 0:
-            return "repeat", json.loads(out[1]), None
-        return "new", json.loads(out[1]), (int(out[2]), int(out[3]))
+            return "repeat", json.loads(out[1]), None, events
+        return "new", json.loads(out[1]), (int(out[3]), int(out[4])), events
 
     def counters(self) -> tuple[int, int]:
         """Completed queries and violations across every replica."""
@@ -336,9 +346,13 @@ class RedisStateStore:
         last = self.r.xrevrange(self.key("log"), count=1)
         return last[0][0] if last else "0-0"
 
-    def events(self, after_id: str, count: int = 1000) -> list[tuple[str, dict[str, str]]]:
-        """Route-log events after ``after_id``, oldest first (at most ``count``)."""
-        return self.r.xrange(self.key("log"), min=f"({after_id}", count=count)
+    def events(self, after_id: str, count: int = 1000) -> list[tuple[str, str, list[str]]]:
+        """Route-log events after ``after_id``, oldest first (at most ``count``): ``(id, replica, fields)``.
+
+        Fields: ``["route", query_id, cluster_id, t_wall, row JSON]``, ``["complete", query_id, cluster_id,
+        t_wall]`` or ``["clusters", rows JSON]`` (one string per event on the wire, split here: cheap to read).
+        """
+        return _parse_events(self.r.xrange(self.key("log"), min=f"({after_id}", count=count))
 
     def lead(self, ttl_s: float) -> bool:
         """Take or renew the scaling lead for ``ttl_s`` seconds; True while this replica holds it."""
@@ -348,6 +362,16 @@ class RedisStateStore:
     def lease_store(self, wall0_s: float) -> RedisLeaseStore:
         """The shared lease book, seen from a replica whose clock starts at ``wall0_s``."""
         return RedisLeaseStore(self.r, self.prefix, wall0_s)
+
+
+def _parse_events(raw: list) -> list[tuple[str, str, list[str]]]:
+    out = []
+    for event_id, e in raw:
+        if not isinstance(e, dict):  # a script's reply: the fields as a flat list
+            e = dict(zip(e[::2], e[1::2], strict=True))
+        kind, _, rest = e["d"].partition("|")
+        out.append((event_id, e["r"], [kind, *rest.split("|", 3)] if kind != "clusters" else [kind, rest]))
+    return out
 
 
 class RedisLeaseStore:
