@@ -66,14 +66,28 @@ def run_round(n: int, folder: Path, redis_url: str, info: dict[str, str | None],
             "pairs_per_s": len(load.completed) / load.wall_s}
 
 
+def prepare_stage(bench_runtime, folder: Path) -> dict[str, str]:
+    """A Stage model alone in the registry (the runtime's first fallback router), on bench_runtime's log."""
+    from sloctl.config import load_config
+    from sloctl.datasets.querylog import write_log
+    from sloctl.registry.store import register
+    from sloctl.training.pipeline import train_stage
+
+    log = bench_runtime.synthetic_log()
+    uri = f"sqlite:///{folder / 'mlflow-stage.db'}"
+    register(train_stage(log, load_config().stage), log, name="stage", tracking_uri=uri, experiment="bench")
+    return {"tracking_uri": uri, "templates": str(write_log(log, folder / "templates-stage.parquet"))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--workers", type=int, default=16)
-    parser.add_argument("--router", choices=["iconq", "round-robin"], default="iconq",
+    parser.add_argument("--router", choices=["iconq", "stage", "round-robin"], default="iconq",
                         help="iconq: the tiny Iconq+ model routes (each replica keeps every running query's "
-                             "incremental state); round-robin: no model registered")
+                             "incremental state); stage: a Stage model only (concurrency-unaware, cost-aware); "
+                             "round-robin: no model registered")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 
@@ -84,6 +98,8 @@ def main() -> None:
         if args.router == "iconq":
             print("training the tiny Iconq+ model ...", file=sys.stderr)
             info = bench_runtime.prepare(folder)
+        elif args.router == "stage":
+            info = prepare_stage(bench_runtime, folder)
         else:
             from sloctl.registry.store import connect
 

@@ -494,19 +494,22 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         return {"latency_s": latency, "isolated_latency_s": float(predictor.stage.predict(frame)[0]), "model": kind,
                 "model_version": rt.slots[kind].version, "fallback": kind != "iconq"}
 
+    # route and complete run on the event loop, like admit: they hold the runtime's lock throughout anyway, and a
+    # worker-thread hop per call costs more CPU than the decision itself when replicas share a machine's cores
     @app.post("/v1/route", dependencies=auth, response_model=RouteOut, responses=_errors(401, 409, 413, 422, 503))
-    def route(body: RouteBody) -> dict[str, Any]:
+    async def route(body: RouteBody) -> dict[str, Any]:
         out = runtime().route(body.query_id, body.template, body.slo_s)
         metrics.decisions.labels("route", out["model"]).inc()
         return out
 
     @app.post("/v1/complete", dependencies=auth, response_model=CompleteOut,
               responses=_errors(401, 404, 413, 422))
-    def complete(body: CompleteBody) -> dict[str, Any]:
+    async def complete(body: CompleteBody) -> dict[str, Any]:
         rt = runtime()
         out = rt.complete(body.query_id, body.latency_s, body.status)
         metrics.violations.set(rt.violations / rt.completed if rt.completed else 0.0)
-        metrics.cost.set(rt.history[-1]["cost"])  # the cost complete persisted before reporting
+        if rt.history:  # a repeated call as a replica's first completion leaves none
+            metrics.cost.set(rt.history[-1]["cost"])  # the cost complete persisted before reporting
         metrics.decisions.labels("complete", "violated" if out["violated"] else "met").inc()
         return out
 
