@@ -386,8 +386,17 @@ class Runtime:
             while self._absorb(self.store.events(self._log_id)):
                 pass
 
-    def _absorb(self, events: list) -> bool:
-        """Apply route-log events; True when there may be more (a full page)."""
+    def _absorb(self, since: tuple[bool, list]) -> bool:
+        """Apply route-log events ``(gap, events)``; True when there may be more (a full page).
+
+        A gap (this replica's last event was trimmed from the log: it fell
+        more than ``log_maxlen`` events behind) rebuilds the view from the
+        shared state instead (:meth:`_resync`).
+        """
+        gap, events = since
+        if gap:
+            self._resync()
+            return False
         for event_id, replica, e in events:
             self._log_id = event_id
             if replica == self.replica:
@@ -400,6 +409,24 @@ class Runtime:
                 self._apply_clusters([tuple(r) for r in json.loads(e[1])])
         self._synced = time.monotonic()
         return len(events) >= 1000
+
+    def _resync(self) -> None:
+        """Rebuild this replica's view of the pool from the shared state (after a gap in the route log)."""
+        self._log_id = self.store.last_event_id()  # before the state: events after it are applied again, harmlessly
+        saved = self.store.clusters()
+        if saved is not None:
+            self._apply_clusters(saved)
+        shared = {qid: (template, cid, arrival_wall, slo_s, predicted)
+                  for qid, template, cid, arrival_wall, slo_s, predicted in self.store.running()}
+        now = self.now_s()
+        for qid in [q for q, r in self.pool.running.items() if q not in shared or shared[q][1] != r.cluster_id]:
+            self.pool.complete(qid, now)
+        for qid, (template, cid, arrival_wall, slo_s, predicted) in shared.items():
+            if qid not in self.pool.running:
+                self._apply_route(qid, {"template": template, "cluster_id": cid, "arrival_wall": arrival_wall,
+                                        "slo_s": slo_s, "predicted_s": predicted})
+        self._synced = time.monotonic()
+        self.reconciled["resyncs"] = self.reconciled.get("resyncs", 0) + 1
 
     def _apply_route(self, query_id: int, row: dict[str, Any]) -> None:
         """A query routed (here or by another replica) joins this replica's view of the pool."""

@@ -48,10 +48,17 @@ local function num(x, default)
   return tonumber(x)
 end
 local function fmt(x) return string.format('%.17g', x) end
--- the route-log events after the caller's last one: a replica learns the others' changes in the same round trip
+-- approximate trimming (whole stream nodes, cheap) for a long log; exact for a short one
+local function trim(maxlen) if tonumber(maxlen) >= 1000 then return '~' end return '=' end
+-- the route-log events after the caller's last one: a replica learns the others' changes in the same round trip.
+-- {gap, events}: gap = 1 when the caller's last event was trimmed away (it missed some: it must resync)
 local function since(prefix, last_id)
-  if last_id == '' then return {} end
-  return redis.call('XRANGE', prefix .. ':log', '(' .. last_id, '+', 'COUNT', 1000)
+  if last_id == '' then return {0, {}} end
+  if last_id == '0-0' then return {0, redis.call('XRANGE', prefix .. ':log', '-', '+', 'COUNT', 1000)} end
+  local events = redis.call('XRANGE', prefix .. ':log', last_id, '+', 'COUNT', 1001)
+  if #events == 0 or events[1][1] ~= last_id then return {1, events} end
+  table.remove(events, 1)
+  return {0, events}
 end
 -- BillingTimer._advance on the wall clock: close a window whose pause time has passed
 local function advance(prefix, cid, t)
@@ -90,7 +97,7 @@ if num(redis.call('HGET', key, 'start'), nil) == nil then redis.call('HSET', key
 redis.call('HINCRBY', key, 'running', 1)
 redis.call('SET', prefix .. ':route:' .. qid, ARGV[3])
 redis.call('HSET', prefix .. ':running', qid, ARGV[4])
-redis.call('XADD', prefix .. ':log', 'MAXLEN', '~', ARGV[10], '*', 'r', ARGV[9],
+redis.call('XADD', prefix .. ':log', 'MAXLEN', trim(ARGV[10]), ARGV[10], '*', 'r', ARGV[9],
            'd', 'route|' .. qid .. '|' .. cid .. '|' .. fmt(t) .. '|' .. ARGV[4])
 return {1, ARGV[3], since(prefix, ARGV[11])}
 """
@@ -121,7 +128,7 @@ local answer = cjson.encode({query_id = tonumber(qid), cluster_id = cid, violate
 local ttl = tonumber(ARGV[7])
 redis.call('SET', prefix .. ':done:' .. qid, answer, 'EX', ttl)
 redis.call('EXPIRE', prefix .. ':route:' .. qid, ttl)
-redis.call('XADD', prefix .. ':log', 'MAXLEN', '~', ARGV[8], '*', 'r', ARGV[6],
+redis.call('XADD', prefix .. ':log', 'MAXLEN', trim(ARGV[8]), ARGV[8], '*', 'r', ARGV[6],
            'd', 'complete|' .. qid .. '|' .. cid .. '|' .. fmt(t))
 return {1, answer, since(prefix, ARGV[9]), completed, violations}
 """
@@ -279,7 +286,7 @@ class RedisStateStore:
         with self.r.pipeline(transaction=True) as p:
             p.set(self.key("clusters"), doc)
             p.xadd(self.key("log"), {"r": self.replica, "d": f"clusters|{doc}"}, maxlen=self.log_maxlen,
-                   approximate=True)
+                   approximate=self.log_maxlen >= 1000)
             p.execute()
 
     def meta(self, key: str) -> str | None:
@@ -305,7 +312,7 @@ class RedisStateStore:
         first, doc, events = self._route(args=[self.prefix, query_id, json.dumps(answer), json.dumps(row),
                                                _F % t_wall, row["cluster_id"], size, _F % minimum_s, self.replica,
                                                self.log_maxlen, after_id])
-        return bool(first), json.loads(doc), _parse_events(events)
+        return bool(first), json.loads(doc), _parse_since(events)
 
     def commit_complete(self, query_id: int, latency_s: float, status: str, t_wall: float, after_id: str = ""
                         ) -> tuple[str, dict[str, Any] | None, tuple[int, int] | None, list]:
@@ -314,7 +321,7 @@ class RedisStateStore:
         :meth:`commit_route`."""
         out = self._complete(args=[self.prefix, query_id, _F % latency_s, status, _F % t_wall, self.replica,
                                    int(self.answer_ttl_s), self.log_maxlen, after_id])
-        events = _parse_events(out[2])
+        events = _parse_since(out[2])
         if out[0] == -1:
             return "unknown", None, None, events
         if out[0] == 0:
@@ -346,13 +353,20 @@ class RedisStateStore:
         last = self.r.xrevrange(self.key("log"), count=1)
         return last[0][0] if last else "0-0"
 
-    def events(self, after_id: str, count: int = 1000) -> list[tuple[str, str, list[str]]]:
-        """Route-log events after ``after_id``, oldest first (at most ``count``): ``(id, replica, fields)``.
+    def events(self, after_id: str, count: int = 1000) -> tuple[bool, list[tuple[str, str, list[str]]]]:
+        """Route-log events after ``after_id``, oldest first (at most ``count``): ``(gap, [(id, replica, fields)])``.
 
         Fields: ``["route", query_id, cluster_id, t_wall, row JSON]``, ``["complete", query_id, cluster_id,
         t_wall]`` or ``["clusters", rows JSON]`` (one string per event on the wire, split here: cheap to read).
+        ``gap`` is True when the event ``after_id`` was trimmed from the log (``log_maxlen``): the caller
+        missed events and must rebuild its view from the state itself.
         """
-        return _parse_events(self.r.xrange(self.key("log"), min=f"({after_id}", count=count))
+        if after_id == "0-0":
+            return False, _parse_events(self.r.xrange(self.key("log"), count=count))
+        raw = self.r.xrange(self.key("log"), min=after_id, count=count + 1)
+        if not raw or raw[0][0] != after_id:
+            return True, _parse_events(raw)
+        return False, _parse_events(raw[1:])
 
     def lead(self, ttl_s: float) -> bool:
         """Take or renew the scaling lead for ``ttl_s`` seconds; True while this replica holds it."""
@@ -362,6 +376,10 @@ class RedisStateStore:
     def lease_store(self, wall0_s: float) -> RedisLeaseStore:
         """The shared lease book, seen from a replica whose clock starts at ``wall0_s``."""
         return RedisLeaseStore(self.r, self.prefix, wall0_s)
+
+
+def _parse_since(raw: list) -> tuple[bool, list[tuple[str, str, list[str]]]]:
+    return bool(raw[0]), _parse_events(raw[1])
 
 
 def _parse_events(raw: list) -> list[tuple[str, str, list[str]]]:

@@ -186,3 +186,22 @@ def test_sqlite_route_and_complete_are_idempotent_too(tmp_path, registry):
     again = Runtime(cfg, None, str(tmp_path / "state.db"))  # answers survive a restart
     assert again.complete(7, 0.2, "ok") == done
     again.close()
+
+
+def test_a_replica_that_fell_behind_the_trimmed_log_rebuilds_its_view(cfg):
+    a, b = _pair(cfg)
+    for rt in (a, b):
+        rt.store.log_maxlen = 5  # a short log: b's last event is trimmed while it is idle
+    b.tick()
+    for qid in range(20):
+        a.route(qid, "t00", 5.0)
+    for qid in range(10):
+        a.complete(qid, 0.1, "ok")
+    b.tick()
+    assert b.reconciled.get("resyncs") == 1
+    assert set(b.pool.running) == set(a.pool.running) == set(range(10, 20))
+    b.route(100, "t00", 5.0)  # and it follows the log again from there
+    a.complete(10, 0.1, "ok")
+    b.tick()
+    assert set(b.pool.running) == {*range(11, 20), 100} and b.reconciled.get("resyncs") == 1
+    a.close(), b.close()
