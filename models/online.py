@@ -231,8 +231,9 @@ class OnlinePredictor:
             if running:
                 pairs, before = self._pair_blocks(info, (template, arrival_s), size)
                 elapsed = np.array([max(0.0, now_s - self.running[r].arrival_s) for r in running])
-                self._inc.add_neighbour(running, torch.from_numpy(pairs))
-                guarded = self._inc.predict(running, elapsed)
+                # add_neighbour then predict(elapsed), in one head evaluation instead of two
+                guarded = self._inc.apply_neighbour(self._inc.step_neighbour(running, torch.from_numpy(pairs)),
+                                                    elapsed)
                 for r, value in zip(running, guarded, strict=True):
                     self.running[r].predicted_s = float(value)
             else:
