@@ -169,6 +169,14 @@ class ClusterOut(_Out):
     retired: bool
 
 
+class StateOut(_Out):
+    """Where the runtime's state lives and this replica's part in it."""
+
+    store: str  # "sqlite" (one runtime) or "redis" (shared by replicas)
+    replica: str  # this process's name (unique per start)
+    leads_scaling: bool  # this replica enacts scheduled spin-ups and the reactive autoscaler
+
+
 class ClustersOut(_Out):
     clusters: list[ClusterOut]
     starting: list[dict[str, Any]]
@@ -178,6 +186,7 @@ class ClustersOut(_Out):
     model: str
     reconciled: dict[str, Any]
     events: list[dict[str, Any]]
+    state: StateOut
 
 
 class PutClusterOut(_Out):

@@ -865,7 +865,9 @@ class Runtime:
                 "total_cost": total, "completed": self.completed,
                 "violation_rate": self.violations / self.completed if self.completed else 0.0,
                 "model": self.router_kind, "reconciled": dict(self.reconciled),
-                "events": list(self.enactor.events)[-50:]}
+                "events": list(self.enactor.events)[-50:],
+                "state": {"store": "redis" if self.shared else "sqlite", "replica": self.replica,
+                          "leads_scaling": self.leads()}}
 
     def execution_view(self) -> dict[str, Any] | None:
         """The execution-config in force and what it enacted (``GET /v1/execution-config``); ``None``: none."""

@@ -74,6 +74,9 @@ def test_two_replicas_share_one_state(fleet):
     again = httpx.post(f"http://127.0.0.1:{replicas[1].port}/v1/route",
                        json={"query_id": 10**6, "template": "t00", "slo_s": 5.0}, headers=AUTH, timeout=10).json()
     assert again == first
+    states = [httpx.get(f"http://127.0.0.1:{r.port}/v1/clusters", timeout=10).json()["state"] for r in replicas]
+    assert {s["store"] for s in states} == {"redis"} and len({s["replica"] for s in states}) == 2
+    assert sum(s["leads_scaling"] for s in states) == 1  # one replica enacts scaling
 
 
 @pytest.mark.slow
