@@ -97,3 +97,8 @@ def test_ten_thousand_pairs_then_a_replica_killed_mid_load(fleet):
     assert report["billed_cost"] == pytest.approx(report["reported_cost"], rel=1e-9, abs=1e-9)
     assert report["routes_outside_windows"] == 0 and report["overlapping_windows"] == 0
     assert _in_flight(replicas[1]) == 0
+    deadline = time.monotonic() + 15  # the lead is a Redis key with a 5 s TTL: the survivor takes it
+    while not httpx.get(f"http://127.0.0.1:{replicas[1].port}/v1/clusters", timeout=10).json()["state"][
+            "leads_scaling"]:
+        assert time.monotonic() < deadline, "the survivor never took the scaling lead"
+        time.sleep(0.5)
