@@ -455,7 +455,7 @@ class Svalinn(AdmitAll):
         if bottleneck == "cpu":
             return self.cpu_aqm_
         if bottleneck not in self.lock_aqm_:
-            self.lock_aqm_[bottleneck] = BottleneckAQM(bottleneck, servers=1)
+            self.lock_aqm_[bottleneck] = BottleneckAQM(bottleneck, servers=1, count_in_service=True)
         return self.lock_aqm_[bottleneck]
 
     def on_enqueue(self, req: AdmissionRequest, bottleneck: str, queue_len: int, now_s: float) -> bool:
@@ -470,6 +470,11 @@ class Svalinn(AdmitAll):
         aqm.left(wait_s, req.ctx["budget"])
         if bottleneck != "cpu":
             aqm.observe_hold(req.rtype.lock_s)
+
+    def on_release(self, req: AdmissionRequest, bottleneck: str, now_s: float) -> None:
+        """``req`` let go of lock ``bottleneck`` (its AQM counts the lock as free again)."""
+        if bottleneck != "cpu":
+            self._aqm(bottleneck).released()
 
     def mem_gate(self, req: AdmissionRequest, now_s: float) -> GateOutcome:
         return self.memory_.mem_gate(req, now_s)

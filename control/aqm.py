@@ -97,20 +97,30 @@ class BottleneckAQM:
 
     The expected wait of a newcomer is ``queue_len × mean_hold_s / servers``,
     where ``mean_hold_s`` is an EWMA of how long an item holds one of the
-    ``servers`` (weight ``ewma`` on the newest sample).
+    ``servers`` (weight ``ewma`` on the newest sample). With
+    ``count_in_service`` the AQM also knows how many items hold a server, and
+    when every server is held the newcomer waits for one more hold: behind a
+    busy lock it waits for the holder too. Without it the estimate misses the
+    holder's remaining time, up to a whole hold: on a single-server
+    bottleneck near saturation, requests admitted with too little budget
+    spend the bottleneck's time and still finish late.
 
     Protocol per request: ``should_drop(budget)`` → if False, ``joined()``;
     when it reaches a server, ``left(wait_s, budget)``; when it lets go of the
-    server, ``observe_hold(hold_s)``.
+    server, ``observe_hold(hold_s)`` (and, with ``count_in_service``,
+    ``released()``).
 
     Args:
         name: the bottleneck's name (for reports).
         servers: how many items it serves at once (>= 1).
         ewma: weight of the newest hold sample, in (0, 1].
         initial_hold_s: mean hold assumed before the first sample (seconds).
+        count_in_service: track items holding a server (``left`` to
+            ``released``) and count the wait for one of them when all are held.
     """
 
-    def __init__(self, name: str, servers: int = 1, ewma: float = 0.2, initial_hold_s: float = 0.0) -> None:
+    def __init__(self, name: str, servers: int = 1, ewma: float = 0.2, initial_hold_s: float = 0.0,
+                 count_in_service: bool = False) -> None:
         if not (isinstance(servers, numbers.Integral) and not isinstance(servers, bool) and servers >= 1):
             raise ValueError(f"The 'servers' parameter of BottleneckAQM must be an integer >= 1, got {servers!r}.")
         if not 0.0 < ewma <= 1.0:
@@ -122,7 +132,9 @@ class BottleneckAQM:
         self.servers = int(servers)
         self.ewma = ewma
         self.mean_hold_s = float(initial_hold_s)
+        self.count_in_service = bool(count_in_service)
         self.queue_len = 0
+        self.in_service = 0
         self.drops = 0
         self.admitted = 0
         self._samples = 0
@@ -137,6 +149,8 @@ class BottleneckAQM:
     def expected_wait_s(self, queue_len: int | None = None) -> float:
         """Predicted wait (seconds) behind ``queue_len`` items (default: the current queue)."""
         n = self.queue_len if queue_len is None else queue_len
+        if self.count_in_service and self.in_service >= self.servers:
+            n += 1  # every server is held: one of them must let go first (a whole hold: never too little)
         return n * self.mean_hold_s / self.servers
 
     def should_drop(self, budget: DelayBudget) -> bool:
@@ -162,8 +176,15 @@ class BottleneckAQM:
         if self.queue_len <= 0:
             raise RuntimeError(f"BottleneckAQM {self.name!r}: left() with an empty queue.")
         self.queue_len -= 1
+        self.in_service += 1
         if budget is not None:
             budget.deduct(wait_s)
+
+    def released(self) -> None:
+        """An item let go of its server (needed with ``count_in_service``)."""
+        if self.in_service <= 0:
+            raise RuntimeError(f"BottleneckAQM {self.name!r}: released() with no item holding a server.")
+        self.in_service -= 1
 
     def __repr__(self) -> str:
         return (f"BottleneckAQM({self.name!r}, servers={self.servers}, queue_len={self.queue_len}, "

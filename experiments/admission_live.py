@@ -177,7 +177,7 @@ def build_app(config: Mapping[str, Any]) -> Any:
         svalinn = Svalinn(credits, BottleneckAQM("server", servers=64),
                           MemoryGate(1, tuner, initial_hold_s=expected["mem"]), expected)
         msem = AsyncMSemaphore.around(svalinn.memory_, interval_s=0.01)
-        lock_aqm = BottleneckAQM("lock", servers=1, initial_hold_s=expected["lock"])
+        lock_aqm = BottleneckAQM("lock", servers=1, initial_hold_s=expected["lock"], count_in_service=True)
 
     def copy() -> float:
         for _ in range(config["copies"]):
@@ -237,9 +237,12 @@ def build_app(config: Mapping[str, Any]) -> Any:
             if lock_aqm is not None and isinstance(budget, DelayBudget):
                 lock_aqm.left(time.monotonic() - queued, budget)
             start = time.monotonic()
-            value = await run_in_threadpool(busy_lock)
-            if lock_aqm is not None:
-                lock_aqm.observe_hold(time.monotonic() - start)
+            try:
+                value = await run_in_threadpool(busy_lock)
+            finally:
+                if lock_aqm is not None and isinstance(budget, DelayBudget):
+                    lock_aqm.observe_hold(time.monotonic() - start)
+                    lock_aqm.released()
         return {"value": value}
 
     @app.get("/healthz")

@@ -499,6 +499,9 @@ class _Engine:
         name = req.rtype.lock
         waiters = self.lock_waiters[name]
         self.locks[name] = None
+        on_release = getattr(self.policy, "on_release", None)  # optional in the controller interface
+        if on_release is not None:
+            on_release(req, name, self.now)
         if waiters:
             nxt = waiters.popleft()
             self.locks[name] = nxt

@@ -114,3 +114,18 @@ def test_invalid_waits_and_parameters_raise():
         BottleneckAQM("x").observe_hold(-1.0)
     with pytest.raises(ValueError, match=r"^The 'slo_s' parameter of DelayBudget must be >= expected_service_s"):
         DelayBudget(0.001, 0.002)
+
+
+def test_behind_a_busy_lock_the_holder_counts_when_in_service_is_tracked():
+    naive = BottleneckAQM("lock", servers=1, initial_hold_s=10e-6)
+    aqm = BottleneckAQM("lock", servers=1, initial_hold_s=10e-6, count_in_service=True)
+    for a in (naive, aqm):
+        a.joined()
+        a.left(0.0)  # the first request holds the lock, nobody waits
+    assert naive.expected_wait_s() == 0.0  # misses the holder's remaining time
+    assert aqm.expected_wait_s() == pytest.approx(10e-6)
+    assert aqm.should_drop(DelayBudget(slo_s=20e-6, expected_service_s=12e-6))  # 8 us left < one hold
+    aqm.released()
+    assert aqm.expected_wait_s() == 0.0 and aqm.in_service == 0
+    with pytest.raises(RuntimeError, match="released"):
+        aqm.released()

@@ -173,3 +173,14 @@ def test_the_oracle_of_the_50_50_mix_is_all_cpu_requests_and_the_bus_worth_of_me
     # The bus carries 60 GB/s ÷ 600 kB = 100 000 memory requests/s; the cores (0.45 busy) take every CPU request.
     assert bound.goodput_per_s == pytest.approx({"cpu": 200_000.0, "mem": 100_000.0})
     assert bound.utilisation["bandwidth"] == pytest.approx(1.0)
+
+
+def test_svalinn_lock_requests_meet_their_slo_behind_a_hot_lock():
+    # Its lock AQM counts the holder's remaining time (count_in_service), so a request admitted to the
+    # lock finishes in time: the lock's time goes to goodput, not to requests that end late.
+    types = three_bottleneck_workload(config=CONFIG)
+    capacity, _ = capacity_per_s(types, CONFIG)
+    lock = next(t for t in types if t.name == "lock")
+    result = _run("svalinn", 2.0, types=types, capacity=capacity, duration_s=0.02)
+    assert result.locks["hot"]["dropped"] > 0 and result.locks["hot"]["waited"] > 0
+    assert result.p_latency_s("lock", 0.99) <= lock.slo_s
