@@ -882,6 +882,8 @@ class Runtime:
         with self.lock:
             self._persist_cost(self.now_s())
             self._sync_clusters()
+            if self.shared:
+                self.store.resign()  # another replica takes the scaling lead at its next look, not after the TTL
             self.store.close()
 
 

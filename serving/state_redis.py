@@ -207,6 +207,13 @@ return holder
 """
 
 
+_RESIGN = r"""
+-- KEYS: leader key; ARGV: replica. Give up the lead if this replica holds it
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 def connect_redis(url: str) -> Any:
     """A ``redis.Redis`` client for ``url``, checked with a PING (a clear error when Redis cannot be reached)."""
     try:
@@ -251,6 +258,7 @@ class RedisStateStore:
         self._settle = self.r.register_script(_SETTLE)
         self._retire = self.r.register_script(_RETIRE)
         self._leader = self.r.register_script(_LEADER)
+        self._resign = self.r.register_script(_RESIGN)
 
     def key(self, name: str) -> str:
         return f"{self.prefix}:{name}"
@@ -372,6 +380,10 @@ class RedisStateStore:
         """Take or renew the scaling lead for ``ttl_s`` seconds; True while this replica holds it."""
         return self._leader(keys=[self.key("leader")], args=[self.replica, max(1, int(ttl_s * 1000))]) == \
             self.replica
+
+    def resign(self) -> None:
+        """Give up the scaling lead if this replica holds it (a clean shutdown: another takes it at once)."""
+        self._resign(keys=[self.key("leader")], args=[self.replica])
 
     def lease_store(self, wall0_s: float) -> RedisLeaseStore:
         """The shared lease book, seen from a replica whose clock starts at ``wall0_s``."""

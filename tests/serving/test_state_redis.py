@@ -150,10 +150,14 @@ def test_a_lease_released_on_another_replica_returns_to_the_granting_pool(cfg):
     a.close(), b.close()
 
 
-def test_one_replica_holds_the_scaling_lead(cfg):
+def test_one_replica_holds_the_scaling_lead_and_hands_it_over_at_shutdown(cfg):
     a, b = _pair(cfg)
     assert [a.leads(), b.leads()].count(True) == 1
-    a.close(), b.close()
+    leader, other = (a, b) if a.leads() else (b, a)
+    leader.close()
+    other._lead = (0.0, False)  # its next look (each second at most) finds the lead free
+    assert other.leads()
+    other.close()
 
 
 def test_state_url_is_checked():
