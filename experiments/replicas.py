@@ -277,39 +277,30 @@ def audit(redis_url: str, prefix: str, *, price_per_unit_s: float, reported_cost
     every open one up to its timer's last time), ``reported_cost``, ``routes_outside_windows`` (route events
     of the log whose time is in no window of their cluster), ``overlapping_windows``.
     """
-    from sloctl.serving.state_redis import connect_redis
+    from sloctl.serving.state_redis import RedisStateStore, parse_events
 
-    r = connect_redis(redis_url)
+    store = RedisStateStore(redis_url, prefix=prefix)
+    r = store.r
     try:
-        key = f"{prefix}:".__add__
-        windows: dict[str, list[tuple[float, float, int]]] = {}
-        for name in r.scan_iter(key("billed:*")):
-            cid = name.split(":", 2)[2]
-            windows[cid] = [(float(a), float(b), int(float(c))) for a, b, c in
-                            (w.split(",") for w in r.lrange(name, 0, -1))]
-        open_unit_s = 0.0
-        for name in r.scan_iter(key("timer:*")):
+        windows = {name.split(":", 2)[2]: store.billed_windows(name.split(":", 2)[2])
+                   for name in r.scan_iter(store.key("billed:*"))}
+        for name in r.scan_iter(store.key("timer:*")):
             t = r.hgetall(name)
-            if t.get("start"):
-                cid = name.split(":", 2)[2]
-                start, now = float(t["start"]), float(t["now"])
-                windows.setdefault(cid, []).append((start, now, int(float(t["size"]))))
-                open_unit_s += (now - start) * int(float(t["size"]))
+            if t.get("start"):  # a window still open: billed up to its timer's last time
+                windows.setdefault(name.split(":", 2)[2], []).append(
+                    (float(t["start"]), float(t["now"]), int(float(t["size"]))))
         billed = price_per_unit_s * sum((b - a) * s for ws in windows.values() for a, b, s in ws)
         overlapping = sum(1 for ws in windows.values() for (_, e1, _), (s2, _, _) in zip(ws, ws[1:], strict=False)
                           if s2 < e1 - 1e-9)
         outside = 0
-        for _, event in r.xrange(key("log")):
-            kind, qid, cid, t, *_ = (event["d"].split("|", 4) + ["", "", ""])[:5]
-            if kind != "route":
-                continue
-            t, ws = float(t), windows.get(cid, [])
-            if not any(a - 1e-6 <= t <= b + 1e-6 for a, b, _ in ws):
-                outside += 1
-        counters = r.hgetall(key("counters"))
-        return {"running": r.hlen(key("running")), "leases": r.zcard(key("lease_exp")),
-                "completed": int(counters.get("completed", 0)), "violations": int(counters.get("violations", 0)),
-                "billed_cost": billed, "reported_cost": reported_cost, "open_unit_s": open_unit_s,
-                "routes_outside_windows": outside, "overlapping_windows": overlapping}
+        for _, _, event in parse_events(r.xrange(store.key("log"))):
+            if event[0] == "route":
+                t, ws = float(event[3]), windows.get(event[2], [])
+                outside += not any(a - 1e-6 <= t <= b + 1e-6 for a, b, _ in ws)
+        completed, violations = store.counters()
+        return {"running": r.hlen(store.key("running")), "leases": r.zcard(store.key("lease_exp")),
+                "completed": completed, "violations": violations, "billed_cost": billed,
+                "reported_cost": reported_cost, "routes_outside_windows": outside,
+                "overlapping_windows": overlapping}
     finally:
-        r.close()
+        store.close()

@@ -265,7 +265,9 @@ class Runtime:
             self.store = open_state_store(self.cfg, self.state_db, replica=self.replica,
                                           answer_ttl_s=self.stale_after_s)
         self.shared = bool(getattr(self.store, "shared", False))
-        self._lead = (0.0, not self.shared)  # (when last checked on the wall clock, holds the scaling lead)
+        self._lead = (-math.inf, not self.shared)  # (when last checked, monotonic; holds the scaling lead)
+        self._synced = -math.inf  # when this replica last read the route log (monotonic)
+        self._cost_read = (-math.inf, 0.0)  # (runtime time, total) of the last shared bill read for the history
         # the control step (route, bill, complete) and the cluster set; its router follows self.router.
         # Shared state: other replicas' events arrive late, so the local timers clamp (the bill is Redis's)
         self.pool = ManagedPool(None, price_per_unit_s=self.cfg.router.price_per_unit_s,
@@ -361,11 +363,10 @@ class Runtime:
         """Whether this replica enacts scaling now (always, without shared state); the lead is renewed each second."""
         if not self.shared:
             return True
-        wall = time.time()
         checked, leading = self._lead
-        if wall - checked >= 1.0:
+        if time.monotonic() - checked >= 1.0:
             leading = self.store.lead(ttl_s=max(5.0, 3 * self.cfg.serve.watch_interval_s))
-            self._lead = (wall, leading)
+            self._lead = (time.monotonic(), leading)
         return leading
 
     SYNC_S = 0.002  # a decision reads the route log first unless the last read is younger than this
@@ -380,7 +381,7 @@ class Runtime:
         """
         if not self.shared or not hasattr(self, "router"):
             return
-        if unless_fresh and time.monotonic() - getattr(self, "_synced", -math.inf) < self.SYNC_S:
+        if unless_fresh and time.monotonic() - self._synced < self.SYNC_S:
             return
         with self.lock:
             while self._absorb(self.store.events(self._log_id)):
@@ -640,12 +641,7 @@ class Runtime:
     def _first_answer(first: dict[str, Any], query_id: int, **request: Any) -> dict[str, Any]:
         """A repeated call's answer: the first one, if the call is the same one (else 409)."""
         asked = first.pop("request", None)
-
-        def same(a: Any, b: Any) -> bool:
-            return a == b or (isinstance(b, float) and isinstance(a, (str, int, float)) and float(a) == b)
-
-        if asked is not None and (asked.keys() != request.keys() or not all(same(asked[k], v)
-                                                                           for k, v in request.items())):
+        if asked is not None and asked != request:
             said = ", ".join(f"{k} {v!r}" for k, v in asked.items())
             raise RuntimeError_(f"query {query_id} was {'routed' if 'template' in asked else 'completed'} already "
                                 f"with {said}; a repeated call must name the same", status=409, field="query_id")
@@ -745,7 +741,7 @@ class Runtime:
         (it is in Redis already; reading it settles every timer), one runtime persists it at every completion."""
         if not self.shared:
             return self.report_cost(now)
-        at, cost = getattr(self, "_cost_read", (-math.inf, 0.0))
+        at, cost = self._cost_read
         if now - at >= 1.0:
             at, cost = now, self.report_cost(now)
             self._cost_read = (at, cost)
@@ -822,29 +818,37 @@ class Runtime:
         self.cost_offset.pop(cluster_id, None)
 
     def cost(self, cluster_id: str, now: float) -> float:
-        if self.shared:  # the shared timers bill every replica's queries
-            return self.cfg.router.price_per_unit_s * self.store.bill(self.wall0 + now, [cluster_id])[0].get(
-                cluster_id, 0.0)
+        """One cluster's accrued cost at ``now`` (this runtime's own timers and the offset a restart carried)."""
         return self.cost_offset.get(cluster_id, 0.0) + self.pool.cost(cluster_id, now)
 
-    def total_cost(self, now: float) -> float:
+    def costs(self, now: float) -> tuple[dict[str, float], float]:
+        """Accrued cost of each cluster in the pool, and of retired clusters, at ``now``.
+
+        With shared state the bill is the Redis timers' (every replica's
+        queries), read in one round trip.
+        """
         if self.shared:
             per, retired = self.store.bill(self.wall0 + now, list(self.pool.clusters))
-            return self.cfg.router.price_per_unit_s * (sum(per.values()) + retired)
-        return self.cost_offset.get("_retired", 0.0) + sum(self.cost(cid, now) for cid in self.pool.clusters)
+            price = self.cfg.router.price_per_unit_s
+            return {cid: price * per.get(cid, 0.0) for cid in self.pool.clusters}, price * retired
+        return {cid: self.cost(cid, now) for cid in self.pool.clusters}, self.cost_offset.get("_retired", 0.0)
 
-    def _persist_cost(self, now: float) -> None:
-        if self.shared:
-            return  # every change is in Redis already
-        rows = [(cid, self.cost(cid, now)) for cid in self.pool.clusters]
-        rows.append(("_retired", self.cost_offset.get("_retired", 0.0)))
-        self.store.save_costs(rows)
+    def total_cost(self, now: float) -> float:
+        per, retired = self.costs(now)
+        return retired + sum(per.values())
+
+    def _persist_costs(self, now: float) -> tuple[dict[str, float], float]:
+        """The costs at ``now`` (:meth:`costs`), written to the state store first (shared: already in Redis)."""
+        per, retired = self.costs(now)
+        if not self.shared:
+            self.store.save_costs([*per.items(), ("_retired", retired)])
+        return per, retired
 
     def report_cost(self, now: float) -> float:
         """The total cost at ``now``, written to the state store before anyone is told (a crash cannot rewind it)."""
         with self.lock:
-            self._persist_cost(now)
-            return self.total_cost(now)
+            per, retired = self._persist_costs(now)
+            return retired + sum(per.values())
 
     def clusters_view(self) -> dict[str, Any]:
         """The pool: ready clusters (``clusters``), those still starting, and the recent scaling events."""
@@ -854,12 +858,13 @@ class Runtime:
             if self.leads():
                 self.enactor.tick(now)
             self._sync_clusters()
-            total = self.report_cost(now)
+            per, retired = self._persist_costs(now)
+            total = retired + sum(per.values())
             if self.shared:
                 self.completed, self.violations = self.store.counters()
             return {"clusters": [{"cluster_id": cid, "size": c.size, "running": sorted(
                 qid for qid, r in self.pool.running.items() if r.cluster_id == cid),
-                "accrued_cost": self.cost(cid, now), "origin": self.origin.get(cid), "retired": c.retired}
+                "accrued_cost": per[cid], "origin": self.origin.get(cid), "retired": c.retired}
                 for cid, c in self.pool.clusters.items() if c.is_ready(now)],
                 "starting": self.enactor.starting(now),
                 "total_cost": total, "completed": self.completed,
@@ -880,7 +885,7 @@ class Runtime:
     def close(self) -> None:
         self.sizer.close()  # a sizing job under way is waited for; its result is not applied
         with self.lock:
-            self._persist_cost(self.now_s())
+            self._persist_costs(self.now_s())
             self._sync_clusters()
             if self.shared:
                 self.store.resign()  # another replica takes the scaling lead at its next look, not after the TTL
@@ -894,11 +899,8 @@ def open_state_store(cfg: Any, state_db: str, *, replica: str, answer_ttl_s: flo
     url = getattr(section, "url", None)
     if url and url.split("://", 1)[0] in ("redis", "rediss", "unix"):
         return RedisStateStore(url, prefix=section.key_prefix, replica=replica, answer_ttl_s=answer_ttl_s)
-    if url and url.startswith("sqlite:///"):
+    if url:  # StateSection allows only these schemes: this one is sqlite:///PATH
         state_db = url.removeprefix("sqlite:///")
-    elif url:
-        raise ValueError(f"The 'state.url' setting must start with redis://, rediss://, unix:// or sqlite:///, "
-                         f"got {url!r}.")
     return SqliteStateStore(state_db, answer_ttl_s=answer_ttl_s)
 
 

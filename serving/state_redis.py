@@ -38,7 +38,7 @@ from typing import Any
 
 from sloctl.control.credits import Lease
 
-__all__ = ["RedisLeaseStore", "RedisStateStore", "connect_redis"]
+__all__ = ["RedisLeaseStore", "RedisStateStore", "connect_redis", "parse_events"]
 
 _F = "%.17g"  # numbers go through Lua as strings of this form (tostring would keep 14 digits)
 
@@ -332,9 +332,12 @@ class RedisStateStore:
         events = _parse_since(out[2])
         if out[0] == -1:
             return "unknown", None, None, events
+        answer = json.loads(out[1])
+        request = answer["request"]
+        request["latency_s"] = float(request["latency_s"])  # kept as a %.17g string: cjson keeps 14 digits
         if out[0] == 0:
-            return "repeat", json.loads(out[1]), None, events
-        return "new", json.loads(out[1]), (int(out[3]), int(out[4])), events
+            return "repeat", answer, None, events
+        return "new", answer, (int(out[3]), int(out[4])), events
 
     def counters(self) -> tuple[int, int]:
         """Completed queries and violations across every replica."""
@@ -370,11 +373,11 @@ class RedisStateStore:
         missed events and must rebuild its view from the state itself.
         """
         if after_id == "0-0":
-            return False, _parse_events(self.r.xrange(self.key("log"), count=count))
+            return False, parse_events(self.r.xrange(self.key("log"), count=count))
         raw = self.r.xrange(self.key("log"), min=after_id, count=count + 1)
         if not raw or raw[0][0] != after_id:
-            return True, _parse_events(raw)
-        return False, _parse_events(raw[1:])
+            return True, parse_events(raw)
+        return False, parse_events(raw[1:])
 
     def lead(self, ttl_s: float) -> bool:
         """Take or renew the scaling lead for ``ttl_s`` seconds; True while this replica holds it."""
@@ -391,10 +394,11 @@ class RedisStateStore:
 
 
 def _parse_since(raw: list) -> tuple[bool, list[tuple[str, str, list[str]]]]:
-    return bool(raw[0]), _parse_events(raw[1])
+    return bool(raw[0]), parse_events(raw[1])
 
 
-def _parse_events(raw: list) -> list[tuple[str, str, list[str]]]:
+def parse_events(raw: list) -> list[tuple[str, str, list[str]]]:
+    """Route-log entries (``XRANGE`` replies, as dicts or a script's flat lists) as ``(id, replica, fields)``."""
     out = []
     for event_id, e in raw:
         if not isinstance(e, dict):  # a script's reply: the fields as a flat list
