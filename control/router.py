@@ -109,6 +109,11 @@ class OnlineModel(Protocol):
     def running_on(self, cluster_id: str) -> list[Any]: ...
 
 
+#: Where the guard places a query the model is not trusted with: ``"protect"`` by load among the clusters with no
+#: query past its SLO (when every cluster has one, on the one with the largest share of late queries, so that the
+#: others can recover); ``"load"`` by load alone (the rule before 2026-12-03).
+GUARD_PLACEMENTS = ("protect", "load")
+
 #: How the Iconq+ router breaks a tie of marginal violations and cost: ``"load"`` fewest running queries per size
 #: unit, then least added latency; ``"latency"`` least added latency alone (the rule before 2026-12-02).
 TIE_BREAKS = ("load", "latency")
@@ -140,10 +145,22 @@ class RouterGuard:
       lacks scale from the nearest smaller size it has, else are not
       checked).
 
-    Either one places the query by load: on the cluster with the fewest
-    running queries per size unit (ties: the larger cluster, then the order
-    given). The model still tracks the query, so its error keeps being
-    measured and the guard lets go once the error falls back.
+    Either one places the query without the model's predictions, by
+    ``placement``:
+
+    * ``"protect"`` (default): on the cluster with the fewest running
+      queries per size unit among the clusters where no running query is
+      past its SLO yet (observed, not predicted); when every cluster has a
+      late query, on the one with the largest share of late queries (ties:
+      the more loaded per size unit). An overloaded pool then keeps its
+      other clusters recoverable instead of spreading the overload evenly,
+      which makes every query late. See docs/control.md.
+    * ``"load"``: on the cluster with the fewest running queries per size
+      unit (ties: the larger cluster, then the order given), the rule
+      before 2026-12-03.
+
+    The model still tracks the query, so its error keeps being measured and
+    the guard lets go once the error falls back.
 
     Attributes:
         max_ratio: median actual / predicted above which the model is not trusted.
@@ -151,12 +168,14 @@ class RouterGuard:
         min_samples: finished queries needed before the error check can fire.
         support: training log's largest running count per size; ``None`` or
             empty turns the support check off.
+        placement: ``"protect"`` or ``"load"`` (above).
     """
 
     max_ratio: float = 2.0
     window: int = 32
     min_samples: int = 8
     support: Mapping[int, int] | None = None
+    placement: str = "protect"
 
     def __post_init__(self) -> None:
         if not self.max_ratio > 1.0:
@@ -168,6 +187,9 @@ class RouterGuard:
             if int(size) < 1 or int(count) < 0:
                 raise ValueError(f"The 'support' parameter maps sizes >= 1 to running counts >= 0, got "
                                  f"{size!r}: {count!r}.")
+        if self.placement not in GUARD_PLACEMENTS:
+            raise ValueError(f"The 'placement' parameter must be one of {', '.join(GUARD_PLACEMENTS)}, "
+                             f"got {self.placement!r}.")
         if self.support is not None:  # int keys once, not on every routing decision
             object.__setattr__(self, "support", {int(k): int(v) for k, v in self.support.items()})
 
@@ -228,6 +250,22 @@ class GuardState:
 def load_based(clusters: list[ClusterState], running: Mapping[str, int]) -> ClusterState:
     """The cluster with the fewest running queries per size unit (ties: larger, then first)."""
     return min(clusters, key=lambda c: ((running[c.cluster_id] + 1) / c.size, -c.size))
+
+
+def protect_based(clusters: list[ClusterState], running: Mapping[str, int], late: Mapping[str, int]
+                  ) -> ClusterState:
+    """The guard's ``"protect"`` placement (see :class:`RouterGuard`).
+
+    Args:
+        clusters: the active clusters.
+        running: running queries per cluster id.
+        late: how many of them are already past their SLO.
+    """
+    on_time = [c for c in clusters if late[c.cluster_id] == 0]
+    if on_time:
+        return load_based(on_time, running)
+    return max(clusters, key=lambda c: (late[c.cluster_id] / max(running[c.cluster_id], 1),
+                                        running[c.cluster_id] / c.size))
 
 
 class IconqRouter:
@@ -299,8 +337,13 @@ class IconqRouter:
 
     def _place_by_load(self, query: Query, clusters: list[ClusterState], now_s: float, reason: str,
                        explanation: dict[str, dict[str, float]]) -> RouteDecision:
-        running = {c.cluster_id: len(self.model.running_on(c.cluster_id)) for c in clusters}
-        chosen = load_based(clusters, running)
+        queries = {c.cluster_id: self.model.running_on(c.cluster_id) for c in clusters}
+        running = {cid: len(rs) for cid, rs in queries.items()}
+        if self.guard_state.settings.placement == "protect":
+            late = {cid: sum(1 for r in rs if now_s - r.arrival_s > r.slo_s) for cid, rs in queries.items()}
+            chosen = protect_based(clusters, running, late)
+        else:
+            chosen = load_based(clusters, running)
         predicted = self.model.commit(query.query_id, query.template, query.arrival_s, query.slo_s,
                                       chosen.cluster_id, chosen.size, now_s)
         self.guard_state.placed(query.query_id, query.arrival_s, predicted, reason)

@@ -210,6 +210,11 @@ class RouterSection:
         guard_min_samples: finished queries needed before the error check fires.
         guard_support: also check the model's concurrency support (recorded
             in the model bundle at training; older bundles have none).
+        guard_placement: where the guard places a query: ``"protect"`` by
+            load among the clusters with no query past its SLO, else on the
+            cluster with the largest share of late queries (an overloaded
+            pool keeps its other clusters recoverable); ``"load"`` by load
+            alone (the rule before 2026-12-03). See docs/control.md.
         soft_violations: count violations softly, with the spread of the
             model's routing-time error calibrated on its training log
             (``MarginCalibration.spread``): a query counts
@@ -233,6 +238,7 @@ class RouterSection:
     guard_window: int = 32
     guard_min_samples: int = 8
     guard_support: bool = True
+    guard_placement: str = "protect"
     soft_violations: bool = True
     tie_break: str = "load"
 
@@ -240,6 +246,9 @@ class RouterSection:
         _in_range(self, "router", price_per_unit_s=(0.0, 1e9), minimum_s=(0.0, 86_400.0))
         if self.tie_break not in ("load", "latency"):
             raise ConfigError(f"key 'router.tie_break' must be 'load' or 'latency', got {self.tie_break!r}.")
+        if self.guard_placement not in ("protect", "load"):
+            raise ConfigError(f"key 'router.guard_placement' must be 'protect' or 'load', "
+                              f"got {self.guard_placement!r}.")
 
 
 @dataclass(frozen=True)

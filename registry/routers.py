@@ -134,7 +134,7 @@ def router_guard(predictor: LatencyPredictor | None, router: RouterSection,
                 support = dict(calibration.concurrency_support)
                 break
     return RouterGuard(max_ratio=router.guard_max_ratio, window=router.guard_window,
-                       min_samples=router.guard_min_samples, support=support)
+                       min_samples=router.guard_min_samples, support=support, placement=router.guard_placement)
 
 
 def violation_spread(predictor: LatencyPredictor | None, router: RouterSection,

@@ -45,6 +45,7 @@ def test_unknown_section_is_an_error(tmp_path):
     ("collect:\n  sizes: [1, x]\n", r"collect.sizes\[1\]"),
     ("collect:\n  benchmark: tpcx\n", "collect.benchmark"),
     ("collect: 3\n", "collect"),
+    ("router:\n  guard_placement: nearest\n", "router.guard_placement"),
 ])
 def test_mistyped_key_names_key_and_file(tmp_path, text, key):
     with pytest.raises(ConfigError, match=rf"my\.yaml: .*'{key}'"):

@@ -16,6 +16,7 @@ from sloctl.control.router import (
     ShadowRoundRobinRouter,
     StageCostRouter,
     load_based,
+    protect_based,
 )
 from sloctl.models.calibration import MarginCalibration, concurrency_support, running_at_arrival
 from sloctl.models.online import Counterfactual
@@ -198,6 +199,36 @@ def test_load_based_picks_fewest_running_per_size_unit():
     assert load_based([small, big], {"small": 0, "big": 4}).cluster_id == "small"  # 5/4 > 1/1
 
 
+def test_protect_places_by_load_among_clusters_without_late_queries():
+    a, b, c = cluster("a", 1), cluster("b", 1), cluster("c", 2)
+    # "a" is the least loaded but runs a query past its SLO; "c" (2 per unit... 3/2) beats "b" (2/1).
+    assert protect_based([a, b, c], {"a": 0, "b": 1, "c": 2}, {"a": 1, "b": 0, "c": 0}).cluster_id == "c"
+    assert protect_based([a, b], {"a": 0, "b": 1}, {"a": 0, "b": 0}).cluster_id == "a"  # none late: by load
+
+
+def test_protect_sends_overload_to_the_cluster_already_losing_its_queries():
+    a, b = cluster("a", 1), cluster("b", 1)
+    # Both have late queries: "b" has lost 3 of 4, "a" 1 of 2: "a" is left to recover.
+    assert protect_based([a, b], {"a": 2, "b": 4}, {"a": 1, "b": 3}).cluster_id == "b"
+    # The same share late: the more loaded one per size unit takes it.
+    assert protect_based([a, b], {"a": 2, "b": 4}, {"a": 1, "b": 2}).cluster_id == "b"
+
+
+def _late(n, now):
+    return [Running(i, 0.0, now / 2, 1.0) for i in range(n)]  # arrived at 0 with an SLO of now / 2: late
+
+
+@pytest.mark.parametrize(("placement", "expected"), [("protect", "busy"), ("load", "light")])
+def test_guard_placement_setting_decides_where_an_untrusted_pick_goes(placement, expected):
+    # The model wants "busy" past its support; "light" also has a late query, but a smaller share of them.
+    running = {"busy": _late(6, 10.0), "light": _late(1, 10.0) + _busy(3)}
+    model = FakeModel({"busy": (1.0, [1.0] * 6), "light": (1.0, [1.0] * 4)}, running)
+    router = IconqRouter(model, guard=RouterGuard(support={1: 3}, placement=placement))
+    decision = router.route(Query(99, "t", 10.0, 5.0), [cluster("busy", 1, 0.0), cluster("light", 1, 0.0)], 10.0)
+    assert decision.fallback == "support"
+    assert decision.cluster_id == expected
+
+
 def test_support_limit_scales_from_the_nearest_smaller_size():
     guard = RouterGuard(support={1: 3, 2: 5})
     assert guard.limit(2) == 5
@@ -208,7 +239,7 @@ def test_support_limit_scales_from_the_nearest_smaller_size():
 
 
 @pytest.mark.parametrize("kwargs", [{"max_ratio": 1.0}, {"window": 0}, {"window": 4, "min_samples": 5},
-                                    {"support": {0: 3}}, {"support": {1: -1}}])
+                                    {"support": {0: 3}}, {"support": {1: -1}}, {"placement": "nearest"}])
 def test_guard_settings_are_checked(kwargs):
     with pytest.raises(ValueError):
         RouterGuard(**kwargs)

@@ -159,5 +159,7 @@ def test_trained_bundle_carries_the_concurrency_support_and_the_router_its_guard
     assert built.guard is not None and dict(built.guard.support) == support
     assert built.router.guard == built.guard and built.router.guard_state.routes == 0
     assert build_router(loaded, RouterSection(guard_support=False)).guard.support is None
+    assert built.guard.placement == "protect"
+    assert build_router(loaded, RouterSection(guard_placement="load")).guard.placement == "load"
     assert build_router(loaded, RouterSection(guard=False)).router.guard is None
     assert build_router(loaded, RouterSection(), use_iconq=False).guard is None  # Stage's router has none
