@@ -62,6 +62,12 @@ class RouterExperimentConfig:
             each scenario reports how often it fired.
         violation_spread: the Iconq+ router's soft-count spread (0: hard counts).
         tie_break: the Iconq+ router's tie break (``"load"`` or ``"latency"``).
+        noise_draws: runs of every approach per scenario, each with its own
+            draw of the world's service-time noise (same arrivals and SLOs).
+            Draw 0 uses ``seed`` and gives ``vr`` / ``cost`` as with one
+            draw; with more, each result also has ``vr_draws`` and
+            ``vr_mean``, and the result a ``noise`` section (see
+            :func:`noise_summary`).
     """
 
     loads: tuple[float, ...] = (0.6, 0.85)
@@ -75,6 +81,49 @@ class RouterExperimentConfig:
     guard: RouterGuard | None = None
     violation_spread: float = 0.0
     tie_break: str = "load"
+    noise_draws: int = 1
+
+    def __post_init__(self) -> None:
+        if self.noise_draws < 1:
+            raise ValueError(f"The 'noise_draws' parameter must be >= 1, got {self.noise_draws!r}.")
+
+
+def noise_seed(seed: int, draw: int) -> int:
+    """The simulator seed of noise draw ``draw`` of a scenario seeded ``seed`` (draw 0: ``seed`` itself)."""
+    if draw == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, draw]).generate_state(1)[0])
+
+
+def noise_summary(scenarios: list[dict], baseline: str, margin: float = 0.10) -> dict[str, Any]:
+    """How far one draw of the world's noise decides "worse than the baseline" (scenarios with ``vr_draws``).
+
+    Per approach: scenarios where its draw-0 VR exceeds the baseline's by more
+    than ``margin`` (relative; baseline VR > 0), and where the mean over the
+    draws does. ``baseline_vs_itself``: scenarios where another draw of the
+    baseline itself exceeds its draw 0 by more than ``margin`` — how often
+    the single-draw test would fail the baseline against itself.
+    """
+    out: dict[str, Any] = {"margin": margin, "draws": len(scenarios[0]["results"][baseline]["vr_draws"]),
+                           "scenarios": len(scenarios), "approaches": {}}
+    itself = 0
+    for s in scenarios:
+        draws = s["results"][baseline]["vr_draws"]
+        if draws[0] > 0 and any(v > (1 + margin) * draws[0] for v in draws[1:]):
+            itself += 1
+    out["baseline_vs_itself"] = itself
+    for approach in scenarios[0]["results"]:
+        if approach == baseline:
+            continue
+        single = mean = 0
+        for s in scenarios:
+            base, mine = s["results"][baseline], s["results"][approach]
+            if base["vr"] > 0 and mine["vr"] > (1 + margin) * base["vr"]:
+                single += 1
+            if base["vr_mean"] > 0 and mine["vr_mean"] > (1 + margin) * base["vr_mean"]:
+                mean += 1
+        out["approaches"][approach] = {"worse_single_draw": single, "worse_mean_of_draws": mean}
+    return out
 
 
 def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dict[str, dict[str, float]]:
@@ -82,7 +131,8 @@ def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dic
 
     Scenarios where the baseline's value is 0 have no relative change and are
     left out of that mean (``n_vr`` / ``n_cost`` say how many counted);
-    ``worst_vr`` is the largest relative change of VR among them.
+    ``worst_vr`` is the largest relative change of VR among them, and
+    ``n_worse_10pct`` how many are more than 10% worse.
     """
     out: dict[str, dict[str, float]] = {}
     for approach in results[0]:
@@ -97,6 +147,7 @@ def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dic
         out[approach] = {m: float(np.mean(v)) if v else 0.0 for m, v in deltas.items()}
         out[approach].update({f"n_{m}": len(v) for m, v in deltas.items()})
         out[approach]["worst_vr"] = float(max(deltas["vr"])) if deltas["vr"] else 0.0
+        out[approach]["n_worse_10pct"] = sum(1 for d in deltas["vr"] if d > 0.10)
     return out
 
 
@@ -160,13 +211,7 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                        for i, q in enumerate(workload.queries)]
             for sizes_set in cfg.cluster_sets:
                 clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(sizes_set)]
-                routers = {
-                    "round-robin": RoundRobinRouter(),
-                    "stage+cost": StageCostRouter(OnlinePredictor(predictor, table, use_iconq=False)),
-                    "iconq+cost": IconqRouter(OnlinePredictor(predictor, table), slo_margin=cfg.slo_margin,
-                                              cost_tolerance=cfg.cost_tolerance, guard=cfg.guard,
-                                              violation_spread=cfg.violation_spread, tie_break=cfg.tie_break),
-                }
+                routers = {name: _fresh_router(name, predictor, table, cfg) for name in _ROUTERS}
                 results = {}
                 for name, router in routers.items():
                     sim = WarehouseSimulator(world, clusters, router, minimum_s=minimum_s, seed=cfg.seed)
@@ -176,13 +221,38 @@ def router_experiment(log: pd.DataFrame, predictor: LatencyPredictor, cfg: Route
                         predicted_vs_world.append(outcome.queries[["predicted_s", "latency_s"]])
                         if router.guard_state is not None:
                             results[name]["guard"] = router.guard_state.summary()
+                    if cfg.noise_draws > 1:
+                        draws = [outcome.violation_rate]
+                        for k in range(1, cfg.noise_draws):
+                            again = _fresh_router(name, predictor, table, cfg)
+                            draws.append(WarehouseSimulator(world, clusters, again, minimum_s=minimum_s,
+                                                            seed=noise_seed(cfg.seed, k)).run(queries).violation_rate)
+                        results[name]["vr_draws"] = draws
+                        results[name]["vr_mean"] = float(np.mean(draws))
                 scenario = {"lambda": rate, "load": load, "kappa": kappa, "clusters": list(sizes_set),
                             "results": results}
                 scenarios.append(scenario)
                 if on_scenario is not None:
                     on_scenario(scenario)
-    return _result(scenarios, "round-robin", report, predicted_vs_world,
-                   {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": cfg.copies})
+    result = _result(scenarios, "round-robin", report, predicted_vs_world,
+                     {"mean_isolated_s": mean_iso, "minimum_s": minimum_s, "copies": cfg.copies})
+    if cfg.noise_draws > 1:
+        result["noise"] = noise_summary(scenarios, "round-robin")
+    return result
+
+
+_ROUTERS = ("round-robin", "stage+cost", "iconq+cost")
+
+
+def _fresh_router(name: str, predictor: LatencyPredictor, table: pd.DataFrame, cfg: RouterExperimentConfig):
+    """A new router of the experiment's approach ``name`` (fresh state: one per simulated run)."""
+    if name == "round-robin":
+        return RoundRobinRouter()
+    if name == "stage+cost":
+        return StageCostRouter(OnlinePredictor(predictor, table, use_iconq=False))
+    return IconqRouter(OnlinePredictor(predictor, table), slo_margin=cfg.slo_margin,
+                       cost_tolerance=cfg.cost_tolerance, guard=cfg.guard,
+                       violation_spread=cfg.violation_spread, tie_break=cfg.tie_break)
 
 
 _AUTOSCALER = RelativeAutoscalerSettings()

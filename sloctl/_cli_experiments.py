@@ -52,6 +52,9 @@ def experiment_router_cmd(
     live_stage: bool = typer.Option(False, "--live-stage", help="With --live: also run the Stage+cost router."),
     plot: Path | None = typer.Option(None, "--plot", help="Also write bar charts of VR and cost per approach and "
                                      "scenario to this PNG (e.g. reports/NAME.png)."),
+    noise_draws: int = typer.Option(1, "--noise-draws", help="Run every approach this many times per scenario, each "
+                                    "with its own draw of the world's service-time noise (same arrivals); reports "
+                                    "the mean VR and how often one draw decides 'worse than round-robin'."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Round-robin vs Stage+cost vs Iconq+ routing over 8 scenarios (λ × κ × clusters).
@@ -64,6 +67,8 @@ def experiment_router_cmd(
 
     if copies < 1:
         raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
+    if noise_draws < 1:
+        raise typer.BadParameter(f"must be >= 1; got {noise_draws}", param_hint="--noise-draws")
     cfg = load_cli_config(config)
     if live:
         pool = tuple((f"c{i}", size) for i, size in enumerate(parse_sizes(live_clusters, "--live-clusters")))
@@ -79,7 +84,7 @@ def experiment_router_cmd(
     experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
                                         cost_tolerance=router.cost_tolerance, guard=router.guard,
                                         violation_spread=router.violation_spread,
-                                        tie_break=cfg.router.tie_break)
+                                        tie_break=cfg.router.tie_break, noise_draws=noise_draws)
     total = len(experiment.loads) * len(experiment.kappas) * len(experiment.cluster_sets)
     with progress_bar("experiment router: scenarios", total=total) as bar:
         def progress(s: dict) -> None:
@@ -99,7 +104,15 @@ def experiment_router_cmd(
     _report_guard(result)
     for approach, delta in result["mean_delta"].items():
         typer.echo(f"mean Δ vs {result['baseline']}: {approach:<12} VR {delta['vr']:+.1%} (over {delta['n_vr']} "
-                   f"scenarios with VR > 0; worst {delta['worst_vr']:+.1%})  cost {delta['cost']:+.1%}")
+                   f"scenarios with VR > 0; worst {delta['worst_vr']:+.1%}; {delta['n_worse_10pct']} more than 10% "
+                   f"worse)  cost {delta['cost']:+.1%}")
+    noise = result.get("noise")
+    if noise:
+        typer.echo(f"noise ({noise['draws']} draws per scenario): {result['baseline']} re-drawn is more than 10% "
+                   f"worse than its own first draw in {noise['baseline_vs_itself']} of {noise['scenarios']} scenarios")
+        for approach, n in noise["approaches"].items():
+            typer.echo(f"  {approach:<12} more than 10% worse: {n['worse_single_draw']} on the first draw, "
+                       f"{n['worse_mean_of_draws']} on the mean of the draws")
 
 
 def _plot_scenarios(result: dict, path: Path, title: str) -> None:

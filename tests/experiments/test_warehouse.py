@@ -11,6 +11,8 @@ from sloctl.experiments.warehouse import (
     RouterExperimentConfig,
     ScalingExperimentConfig,
     mean_delta,
+    noise_seed,
+    noise_summary,
     router_experiment,
     scaling_experiment,
 )
@@ -100,3 +102,35 @@ def test_mean_delta_reports_the_worst_scenario():
     results = [{"rr": {"vr": 0.5, "cost": 10.0}, "x": {"vr": 0.25, "cost": 12.0}},
                {"rr": {"vr": 0.2, "cost": 10.0}, "x": {"vr": 0.3, "cost": 8.0}}]
     assert mean_delta(results, "rr")["x"]["worst_vr"] == pytest.approx(0.5)
+    assert mean_delta(results, "rr")["x"]["n_worse_10pct"] == 1  # 0.3 vs 0.2; 0.25 vs 0.5 is better
+
+
+def test_noise_draws_keep_draw_zero_and_report_the_mean(sim_log, iconq_plus):
+    one = RouterExperimentConfig(loads=(0.8,), kappas=(2.0,), cluster_sets=((1, 1),), copies=1)
+    plain = router_experiment(sim_log, iconq_plus, one)
+    assert "noise" not in plain
+    (single,) = plain["scenarios"]
+    result = router_experiment(sim_log, iconq_plus, dataclasses.replace(one, noise_draws=2))
+    (scenario,) = result["scenarios"]
+    for name, outcome in scenario["results"].items():
+        assert outcome["vr"] == single["results"][name]["vr"]  # draw 0 is the one-draw run
+        assert outcome["vr_draws"][0] == outcome["vr"] and len(outcome["vr_draws"]) == 2
+        assert outcome["vr_mean"] == pytest.approx(sum(outcome["vr_draws"]) / 2)
+    assert result["noise"]["draws"] == 2 and result["noise"]["scenarios"] == 1
+    assert set(result["noise"]["approaches"]) == {"stage+cost", "iconq+cost"}
+    assert noise_seed(7, 0) == 7 and noise_seed(7, 1) != noise_seed(7, 2)
+    with pytest.raises(ValueError, match="noise_draws"):
+        RouterExperimentConfig(noise_draws=0)
+
+
+def test_noise_summary_counts_single_draw_and_mean_losses():
+    def scenario(rr, x):
+        return {"results": {"rr": {"vr": rr[0], "vr_draws": rr, "vr_mean": sum(rr) / len(rr)},
+                            "x": {"vr": x[0], "vr_draws": x, "vr_mean": sum(x) / len(x)}}}
+
+    scenarios = [scenario([0.5, 0.7], [0.6, 0.5]),  # first draw 20% worse, means within 10%; rr re-drawn 40% worse
+                 scenario([0.5, 0.5], [0.4, 0.5]),  # better on both
+                 scenario([0.0, 0.1], [0.2, 0.3])]  # zero first draw: no single-draw test; means count
+    summary = noise_summary(scenarios, "rr")
+    assert summary["baseline_vs_itself"] == 1
+    assert summary["approaches"]["x"] == {"worse_single_draw": 1, "worse_mean_of_draws": 1}
