@@ -153,14 +153,16 @@ class BottleneckAQM:
             n += 1  # every server is held: one of them must let go first (a whole hold: never too little)
         return n * self.mean_hold_s / self.servers
 
-    def should_drop(self, budget: DelayBudget) -> bool:
+    def should_drop(self, budget: DelayBudget, wait_s: float | None = None) -> bool:
         """True (and the budget is dropped, running its cleanups) when the wait would exceed the budget.
 
-        A request already dropped elsewhere is refused again without being counted twice.
+        ``wait_s`` replaces :meth:`expected_wait_s` when the caller predicts
+        the wait itself (e.g. from the work queued ahead). A request already
+        dropped elsewhere is refused again without being counted twice.
         """
         if budget.dropped:
             return True
-        if self.expected_wait_s() > budget.remaining_s:
+        if (self.expected_wait_s() if wait_s is None else wait_s) > budget.remaining_s:
             self.drops += 1
             budget.drop()
             return True

@@ -356,3 +356,32 @@ def test_dropping_a_parked_request_frees_its_place_in_the_queue():
     assert gate.msem_.queued == 0 and second.ctx["budget"].dropped and svalinn.credits_.in_flight == 1
     first.mem_s = 0.002
     assert svalinn.mem_release(first, 0.002) == [] and gate.msem_.in_use == 0
+
+
+def test_run_queue_wait_counts_each_queued_request_at_its_types_core_time():
+    """One mean hold per request misjudges a queue of long requests; per-type core time does not."""
+    credits = CreditController(initial_credits=1000, min_credits=1000, max_credits=1000, seed=0)
+    svalinn = Svalinn(credits, BottleneckAQM("cpu", servers=2), MemoryGate(2))
+
+    def request(kind, slo_s, t):
+        req = InFlightRequest(RequestProfile(kind, "all", slo_s), t)
+        assert svalinn.on_arrival(req, t)
+        return req
+
+    # Learn core times: 19 short requests of 1 ms and one long of 40 ms (all-types EWMA ends near 8 ms).
+    for i, (kind, core_s) in enumerate([("short", 0.001)] * 19 + [("long", 0.040)]):
+        req = request(kind, 1.0, i * 0.1)
+        assert svalinn.on_enqueue(req, "cpu", 0, req.arrival_s)
+        req.core_s, req.ok = core_s, True
+        svalinn.on_dequeue(req, "cpu", 0.0, req.arrival_s + core_s)
+        svalinn.on_complete(req, req.arrival_s + core_s)
+    queued = [request("long", 1.0, 10.0) for _ in range(2)]
+    assert all(svalinn.on_enqueue(r, "cpu", 0, 10.0) for r in queued)
+    # 2 long requests queued on 2 cores: a 40 ms wait. One mean hold (< 20 ms) would admit a 30 ms budget.
+    assert 2 * svalinn.cpu_aqm_.mean_hold_s / 2 < 0.030
+    late = request("short", 0.030, 10.0)
+    assert not svalinn.on_enqueue(late, "cpu", 2, 10.0)
+    assert svalinn.on_enqueue(request("short", 0.050, 10.0), "cpu", 2, 10.0)
+    for r in queued:  # leaving the queue takes its work off the prediction
+        svalinn.on_dequeue(r, "cpu", 0.0, 10.04)
+    assert svalinn.on_enqueue(request("short", 0.030, 10.04), "cpu", 1, 10.04)
