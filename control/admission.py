@@ -176,6 +176,11 @@ class AdmissionController(Protocol):
     """
 
     def on_arrival(self, req: AdmissionRequest, now_s: float) -> bool: ...
+    @staticmethod
+    def _kind(bottleneck: str, req: AdmissionRequest) -> str | None:
+        """The run queue counts each request at its type's core time; a lock's holds are one kind."""
+        return req.rtype.name if bottleneck == "cpu" else None
+
     def on_enqueue(self, req: AdmissionRequest, bottleneck: str, queue_len: int, now_s: float) -> bool: ...
     def on_dequeue(self, req: AdmissionRequest, bottleneck: str, wait_s: float, now_s: float) -> None: ...
     def mem_gate(self, req: AdmissionRequest, now_s: float) -> GateOutcome: ...
@@ -193,6 +198,11 @@ class AdmitAll:
 
     def on_arrival(self, req: AdmissionRequest, now_s: float) -> bool:
         return True
+
+    @staticmethod
+    def _kind(bottleneck: str, req: AdmissionRequest) -> str | None:
+        """The run queue counts each request at its type's core time; a lock's holds are one kind."""
+        return req.rtype.name if bottleneck == "cpu" else None
 
     def on_enqueue(self, req: AdmissionRequest, bottleneck: str, queue_len: int, now_s: float) -> bool:
         return True
@@ -354,12 +364,10 @@ class Svalinn(AdmitAll):
     * Run queue (``"cpu"``) and each lock: a
       :class:`~sloctl.control.aqm.BottleneckAQM` drops the request before it
       joins when the predicted wait exceeds its remaining budget; the wait
-      actually spent is deducted on leaving (§4.2). The run queue's wait is
-      predicted from the core time queued ahead: each queued request counts
-      its type's current mean core time (an EWMA of ``core_s`` at completion
-      per request type; the all-types mean for a type not seen yet), and the
-      sum is spread over the cores. A lock's hold is
-      its ``lock_s``.
+      actually spent is deducted on leaving (§4.2). The run queue's items
+      are kinds of request: each queued request counts its type's mean core
+      time (an EWMA of ``core_s`` at completion per request type), spread
+      over the cores. A lock's hold is its ``lock_s``.
     * Memory sections: the :class:`MemoryGate` (§4.3).
 
     A completion releases the credit as good when it was ``ok`` and within
@@ -385,8 +393,6 @@ class Svalinn(AdmitAll):
         self.memory_ = memory
         self.expected_service_s = dict(expected_service_s or {})
         self.lock_aqm_: dict[str, BottleneckAQM] = {}
-        self._core_hold_s: dict[str, float] = {}  # EWMA of core time per request type
-        self._queued_kinds: dict[str, int] = {}  # run-queue requests per request type
 
     @classmethod
     def for_server(cls, cores: int, max_bandwidth_bytes_per_s: float, expected_service_s: Mapping[str, float],
@@ -463,33 +469,21 @@ class Svalinn(AdmitAll):
             self.lock_aqm_[bottleneck] = BottleneckAQM(bottleneck, servers=1, count_in_service=True)
         return self.lock_aqm_[bottleneck]
 
-    def _queued_core_s(self) -> float:
-        """Core time queued at the run queue: per request type, the count × its mean core time so far."""
-        fallback = self.cpu_aqm_.mean_hold_s
-        return sum(n * self._core_hold_s.get(kind, fallback) for kind, n in self._queued_kinds.items() if n)
+    @staticmethod
+    def _kind(bottleneck: str, req: AdmissionRequest) -> str | None:
+        """The run queue counts each request at its type's core time; a lock's holds are one kind."""
+        return req.rtype.name if bottleneck == "cpu" else None
 
     def on_enqueue(self, req: AdmissionRequest, bottleneck: str, queue_len: int, now_s: float) -> bool:
         aqm = self._aqm(bottleneck)
-        if bottleneck == "cpu":
-            # The run queue's wait: the core time queued ahead, each request counted at its kind's current mean
-            # core time, over the cores (one mean hold per request misjudges a mix of 5 µs and 66 µs holds).
-            if aqm.should_drop(req.ctx["budget"], wait_s=self._queued_core_s() / aqm.servers):
-                return False
-            kind = req.rtype.name
-            self._queued_kinds[kind] = self._queued_kinds.get(kind, 0) + 1
-            req.ctx["queued_kind"] = kind
-            aqm.joined()
-            return True
         if aqm.should_drop(req.ctx["budget"]):
             return False
-        aqm.joined()
+        aqm.joined(self._kind(bottleneck, req))
         return True
 
     def on_dequeue(self, req: AdmissionRequest, bottleneck: str, wait_s: float, now_s: float) -> None:
         aqm = self._aqm(bottleneck)
-        if bottleneck == "cpu" and "queued_kind" in req.ctx:
-            self._queued_kinds[req.ctx.pop("queued_kind")] -= 1
-        aqm.left(wait_s, req.ctx["budget"])
+        aqm.left(wait_s, req.ctx["budget"], self._kind(bottleneck, req))
         if bottleneck != "cpu":
             aqm.observe_hold(req.rtype.lock_s)
 
@@ -508,9 +502,7 @@ class Svalinn(AdmitAll):
         return self.memory_.mem_expired(now_s)
 
     def on_complete(self, req: AdmissionRequest, now_s: float) -> None:
-        self.cpu_aqm_.observe_hold(req.core_s)
-        old, w = self._core_hold_s.get(req.rtype.name), self.cpu_aqm_.ewma
-        self._core_hold_s[req.rtype.name] = req.core_s if old is None else w * req.core_s + (1 - w) * old
+        self.cpu_aqm_.observe_hold(req.core_s, req.rtype.name)
         within_slo = now_s - req.arrival_s <= req.rtype.slo_s
         self.credits_.release(self._klass(req), now_s, ok=req.ok, within_slo=within_slo)
 
