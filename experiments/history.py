@@ -302,6 +302,9 @@ class IconqReactiveRunner:
             they replace the configuration's (the Policy Tuner tunes the
             teardown timers and the schedule, not these).
         spinup_delay_s, max_clusters: ``δ`` and the pool limit.
+        sizes_from_plan: the Spinup Size Selector chooses among the plan's
+            own ``candidate_sizes`` (those the Policy Tuner planned with)
+            instead of ``candidate_sizes``.
     """
 
     world: WarehouseEmulator
@@ -320,6 +323,7 @@ class IconqReactiveRunner:
     tau_target: float = 0.1
     candidate_sizes: tuple[int, ...] = (1, 2)
     max_clusters: int = 4
+    sizes_from_plan: bool = False
 
     def make_router(self, model: Any) -> IconqRouter:
         """An Iconq+ router over ``model`` (the live one, or a fork for the size selector's what-if runs)."""
@@ -330,9 +334,10 @@ class IconqReactiveRunner:
         router = self.make_router(OnlinePredictor(_predictor(self.predictor_dir), self.table))
         inner = None
         if config.autoscaler is not None:
+            sizes = config.autoscaler.candidate_sizes if self.sizes_from_plan else self.candidate_sizes
             knobs = dataclasses.replace(config.autoscaler, window_s=self.window_s, theta=self.theta,
                                         tau_trigger=self.tau_trigger, mu=self.mu, tau_target=self.tau_target,
-                                        candidate_sizes=tuple(self.candidate_sizes),
+                                        candidate_sizes=tuple(sizes),
                                         spinup_delay_s=self.spinup_delay_s, max_clusters=self.max_clusters)
             inner = Autoscaler(knobs, SpinupTrigger(knobs.theta, knobs.tau_trigger), router, self.make_router,
                                mode="add", minimum_s=self.minimum_s)
@@ -347,7 +352,8 @@ class IconqReactiveRunner:
 
 def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: pd.DataFrame, *, mean_iso: float,
                           minimum_s: float, spinup_delay_s: float, tau_target: float, sizes: Sequence[int],
-                          max_clusters: int, router: RouterSection | None = None) -> IconqReactiveRunner:
+                          max_clusters: int, router: RouterSection | None = None,
+                          sizes_from_plan: bool = False) -> IconqReactiveRunner:
     """The :class:`IconqReactiveRunner` for a model bundle, its router settings resolved by ``build_router``.
 
     Args:
@@ -362,6 +368,8 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
         tau_target: ``τ`` of the Spinup Size Selector.
         sizes: sizes the selector may add.
         router: the ``router:`` settings (default: the defaults).
+        sizes_from_plan: add clusters of the plan's own candidate sizes
+            (those the Policy Tuner planned with), not of ``sizes``.
     """
     from sloctl.core.config import RouterSection
 
@@ -375,7 +383,7 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
         world, str(model_dir), table, built.slo_margin, built.cost_tolerance, minimum_s,
         relative.window_s * mean_iso, spinup_delay_s, guard=built.guard, violation_spread=built.violation_spread,
         theta=relative.theta, tau_trigger=relative.tau_trigger, mu=relative.mu, tau_target=tau_target,
-        candidate_sizes=tuple(sizes), max_clusters=max_clusters)
+        candidate_sizes=tuple(sizes), max_clusters=max_clusters, sizes_from_plan=sizes_from_plan)
 
 
 # -- instances, days and workloads ---------------------------------------------------------------------------

@@ -77,12 +77,16 @@ def test_result_has_the_issue_json_shape_and_says_which_world_graded(tiny_run, s
     assert len(doc["scenarios"]) == 4  # two days × κ ∈ {2, 4}
     approaches = {"autoslo", "fixed-large", "fixed-2x-half", "queue@4", "rais-balanced", "rais-performance"}
     for scenario in doc["scenarios"]:
-        assert set(scenario) == {"day", "kappa", "results"} and scenario["kappa"] in (2.0, 4.0)
+        assert set(scenario) == {"day", "kappa", "results", "floor"} and scenario["kappa"] in (2.0, 4.0)
         assert set(scenario["results"]) == approaches
-        for r in scenario["results"].values():
+        for r in [*scenario["results"].values(), scenario["floor"]]:
             assert set(r) == {"vr", "cost", "meets_tau"}
             assert 0.0 <= r["vr"] <= 1.0 and r["cost"] > 0 and r["meets_tau"] == (r["vr"] <= 0.1)
-    assert set(doc["summary"]) == {"autoslo_meets_tau_all", "cost_vs_next_best", "cost_vs_rais_balanced"}
+    assert set(doc["summary"]) == {"autoslo_meets_tau_all", "cost_vs_next_best", "cost_vs_rais_balanced",
+                                   "floor_vs_next_best", "floor_is_least"}
+    # the floor packs every query on one smallest cluster: no approach here paid less
+    assert doc["summary"]["floor_is_least"] is True
+    assert all(r["cost"] >= s["floor"]["cost"] * (1 - 1e-9) for s in doc["scenarios"] for r in s["results"].values())
     world = doc["world"]
     assert world["grade_log"]["demand"] == "empirical" and world["train_log"]["demand"] == "median"
     assert world["grade_log"]["sha256"] != world["train_log"]["sha256"] and not world["same_log"]
@@ -104,6 +108,57 @@ def test_summary_compares_with_the_cheapest_baseline_that_meets_tau():
     assert summary["autoslo_meets_tau_all"] is True
     assert summary["cost_vs_next_best"] == pytest.approx(6.0 / 8.0 - 1.0)  # queue@4 is cheaper but misses τ
     assert summary["cost_vs_rais_balanced"] == pytest.approx(np.mean([6.0 / 8.0 - 1.0, 9.0 / 10.0 - 1.0]))
+
+
+def test_summary_reports_the_floor_against_the_cheapest_baseline_that_meets_tau():
+    def scenario(floor, autoslo, **others):
+        results = {"autoslo": {"vr": autoslo[0], "cost": autoslo[1], "meets_tau": autoslo[0] <= 0.1}}
+        results.update({k: {"vr": v, "cost": c, "meets_tau": v <= 0.1} for k, (v, c) in others.items()})
+        return {"day": "d", "kappa": 2.0, "results": results,
+                "floor": {"vr": floor[0], "cost": floor[1], "meets_tau": floor[0] <= 0.1}}
+
+    summary = summarize([
+        scenario((0.4, 5.0), (0.05, 6.0), **{"fixed-large": (0.0, 12.0), "rais-balanced": (0.08, 8.0)}),
+        scenario((0.9, 3.0), (0.09, 9.0), **{"fixed-large": (0.2, 4.0)}),  # none meets τ: left out
+    ])
+    assert summary["floor_vs_next_best"] == pytest.approx(5.0 / 8.0 - 1.0)
+    assert summary["floor_is_least"] is True
+    cheaper = summarize([scenario((0.4, 7.0), (0.05, 6.0), **{"rais-balanced": (0.08, 8.0)})])
+    assert cheaper["floor_is_least"] is False  # AutoSLO paid less than the 'floor': it bounds nothing here
+
+
+def test_autoslo_adds_the_sizes_its_plan_was_tuned_with(tiny_run):
+    """The tuner's reactive layer adds the smallest size; the enacting Autoscaler then may add only that size."""
+    assert tiny_run.world["autoslo_sizes_from_plan"] is True
+    for d in tiny_run.details:
+        assert d["plan"].autoscaler.candidate_sizes == (1,)
+
+
+def test_iconq_runner_takes_the_plans_candidate_sizes_only_when_told(monkeypatch):
+    from sloctl.control.autoscaler import AutoscalerConfig
+    from sloctl.control.scheduler import ExecutionConfig
+    from sloctl.experiments import history
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    class FakeAutoscaler:
+        def __init__(self, knobs, *args, **kwargs):
+            seen.append(knobs.candidate_sizes)
+            raise Stop
+
+    monkeypatch.setattr(history, "Autoscaler", FakeAutoscaler)
+    monkeypatch.setattr(history, "OnlinePredictor", lambda *a: None)
+    monkeypatch.setattr(history, "_predictor", lambda folder: None)
+    plan = ExecutionConfig(autoscaler=AutoscalerConfig(candidate_sizes=(1,)))
+    for from_plan, expected in ((False, (1, 2)), (True, (1,))):
+        runner = history.IconqReactiveRunner(None, "m", None, 0.0, 0.0, 1.0, 10.0, 1.0, candidate_sizes=(1, 2),
+                                             sizes_from_plan=from_plan)
+        with pytest.raises(Stop):
+            runner(plan, [], 0)
+        assert seen[-1] == expected
 
 
 def test_grading_on_the_training_log_is_refused_unless_allowed(sim_log, model_dir):
