@@ -427,7 +427,7 @@ class Svalinn(AdmitAll):
         tuner = EpsilonGreedyTuner(cores, max_bandwidth_bytes_per_s, seed=seed,
                                    **{"initial_capacity": cores, **dict(tuner_kwargs or {})})
         memory = MemoryGate(static_capacity, tuner, tune=static_capacity is None)
-        return cls(credits, BottleneckAQM("cpu", servers=cores), memory, expected_service_s)
+        return cls(credits, BottleneckAQM("cpu", servers=cores, protect_tightest=True), memory, expected_service_s)
 
     # -- the parts, under the names drivers and reports read -------------------------
 
@@ -476,9 +476,10 @@ class Svalinn(AdmitAll):
 
     def on_enqueue(self, req: AdmissionRequest, bottleneck: str, queue_len: int, now_s: float) -> bool:
         aqm = self._aqm(bottleneck)
-        if aqm.should_drop(req.ctx["budget"]):
+        kind = self._kind(bottleneck, req)
+        if aqm.should_drop(req.ctx["budget"], kind):
             return False
-        aqm.joined(self._kind(bottleneck, req))
+        aqm.joined(kind)
         return True
 
     def on_dequeue(self, req: AdmissionRequest, bottleneck: str, wait_s: float, now_s: float) -> None:

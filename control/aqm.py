@@ -111,7 +111,16 @@ class BottleneckAQM:
     without one): a run queue of 5 µs and 66 µs holds is misjudged by one
     mean hold per item.
 
-    Protocol per request: ``should_drop(budget)`` → if False,
+    With ``protect_tightest`` (a FIFO shared by kinds with different
+    budgets, such as a run queue), a newcomer is also held to the tightest
+    budget among the kinds that use the queue (each kind's budget on
+    arrival, an EWMA; a kind counts while it makes at least ``min_share`` of
+    the recent arrivals). On one FIFO a loose-budget request admitted into a
+    long queue lengthens the wait of every tight-budget request behind it;
+    judged by its own budget alone, the loosest kind sets the queue's length
+    and the tightest kind is refused at every arrival.
+
+    Protocol per request: ``should_drop(budget, kind)`` → if False,
     ``joined(kind)``; when it reaches a server, ``left(wait_s, budget,
     kind)``; when it lets go of the server, ``observe_hold(hold_s, kind)``
     (and, with ``count_in_service``, ``released()``).
@@ -123,10 +132,17 @@ class BottleneckAQM:
         initial_hold_s: mean hold assumed before the first sample (seconds).
         count_in_service: track items holding a server (``left`` to
             ``released``) and count the wait for one of them when all are held.
+        protect_tightest: hold every newcomer to the tightest budget among
+            the kinds that use the queue (see above).
+        activity: weight of one arrival in the per-kind arrival shares (about
+            the last ``1 / activity`` arrivals count).
+        min_share: a kind with a smaller share of the recent arrivals does
+            not set the queue's target.
     """
 
     def __init__(self, name: str, servers: int = 1, ewma: float = 0.2, initial_hold_s: float = 0.0,
-                 count_in_service: bool = False) -> None:
+                 count_in_service: bool = False, protect_tightest: bool = False, activity: float = 0.001,
+                 min_share: float = 0.02) -> None:
         if not (isinstance(servers, numbers.Integral) and not isinstance(servers, bool) and servers >= 1):
             raise ValueError(f"The 'servers' parameter of BottleneckAQM must be an integer >= 1, got {servers!r}.")
         if not 0.0 < ewma <= 1.0:
@@ -134,8 +150,17 @@ class BottleneckAQM:
         if not (math.isfinite(initial_hold_s) and initial_hold_s >= 0):
             raise ValueError(f"The 'initial_hold_s' parameter of BottleneckAQM must be >= 0, "
                              f"got {initial_hold_s!r}.")
+        if not 0.0 < activity <= 1.0:
+            raise ValueError(f"The 'activity' parameter of BottleneckAQM must be in (0, 1], got {activity!r}.")
+        if not 0.0 <= min_share <= 1.0:
+            raise ValueError(f"The 'min_share' parameter of BottleneckAQM must be in [0, 1], got {min_share!r}.")
         self.name = name
         self.servers = int(servers)
+        self.protect_tightest = bool(protect_tightest)
+        self.activity = float(activity)
+        self.min_share = float(min_share)
+        self._kind_budget_s: dict[str, float] = {}  # EWMA of each kind's budget on arrival
+        self._kind_share: dict[str, float] = {}  # decayed share of recent arrivals per kind
         self.ewma = ewma
         self.mean_hold_s = float(initial_hold_s)
         self.count_in_service = bool(count_in_service)
@@ -169,14 +194,34 @@ class BottleneckAQM:
             queued += self.mean_hold_s  # every server is held: one must let go first (a whole hold: never too little)
         return queued / self.servers
 
-    def should_drop(self, budget: DelayBudget) -> bool:
+    def target_s(self) -> float:
+        """The tightest budget among the kinds that use the queue (``inf`` when none is known yet)."""
+        active = [b for kind, b in self._kind_budget_s.items() if self._kind_share.get(kind, 0.0) >= self.min_share]
+        return min(active, default=math.inf)
+
+    def _saw(self, kind: str, budget_s: float) -> None:
+        decay = 1.0 - self.activity
+        for k in self._kind_share:
+            self._kind_share[k] *= decay
+        self._kind_share[kind] = self._kind_share.get(kind, 0.0) + self.activity
+        old = self._kind_budget_s.get(kind)
+        self._kind_budget_s[kind] = budget_s if old is None else self.ewma * budget_s + (1 - self.ewma) * old
+
+    def should_drop(self, budget: DelayBudget, kind: str | None = None) -> bool:
         """True (and the budget is dropped, running its cleanups) when the wait would exceed the budget.
 
-        A request already dropped elsewhere is refused again without being counted twice.
+        With ``protect_tightest``, also when it would exceed the tightest
+        budget among the kinds using the queue (:meth:`target_s`; ``kind``
+        names the newcomer's). A request already dropped elsewhere is
+        refused again without being counted twice.
         """
         if budget.dropped:
             return True
-        if self.expected_wait_s() > budget.remaining_s:
+        allowed = budget.remaining_s
+        if self.protect_tightest and kind is not None:
+            self._saw(kind, budget.remaining_s)
+            allowed = min(allowed, self.target_s())
+        if self.expected_wait_s() > allowed:
             self.drops += 1
             budget.drop()
             return True

@@ -385,3 +385,34 @@ def test_run_queue_wait_counts_each_queued_request_at_its_types_core_time():
     for r in queued:  # leaving the queue takes its work off the prediction
         svalinn.on_dequeue(r, "cpu", 0.0, 10.04)
     assert svalinn.on_enqueue(request("short", 0.030, 10.04), "cpu", 1, 10.04)
+
+
+def test_run_queue_holds_loose_requests_to_the_tightest_active_budget():
+    """On one FIFO, a loose-budget request admitted into a long queue makes every tight one behind it late."""
+    def fill(aqm, n):
+        for _ in range(n):
+            aqm.joined("loose")
+
+    for protect, admitted in ((False, True), (True, False)):
+        aqm = BottleneckAQM("cpu", servers=1, protect_tightest=protect, activity=0.1, min_share=0.05)
+        aqm.observe_hold(0.010, "loose")
+        for _ in range(5):  # both kinds arrive: tight ones with 25 ms of budget, loose ones with 100 ms
+            assert not aqm.should_drop(DelayBudget(0.030, 0.005), "tight")
+            assert not aqm.should_drop(DelayBudget(0.110, 0.010), "loose")
+        assert aqm.target_s() == (pytest.approx(0.025) if protect else float("inf"))
+        fill(aqm, 3)  # 30 ms of work queued: past the tight kind's 25 ms, well within the loose kind's 100 ms
+        assert aqm.should_drop(DelayBudget(0.030, 0.005), "tight")
+        assert aqm.should_drop(DelayBudget(0.110, 0.010), "loose") is not admitted
+
+
+def test_a_kind_that_stopped_arriving_no_longer_sets_the_run_queues_target():
+    aqm = BottleneckAQM("cpu", servers=1, protect_tightest=True, activity=0.1, min_share=0.05)
+    aqm.observe_hold(0.010, "loose")
+    aqm.should_drop(DelayBudget(0.030, 0.005), "tight")
+    assert aqm.target_s() == pytest.approx(0.025)
+    for _ in range(40):  # 40 loose arrivals: the tight kind's share decays below 5 %
+        aqm.should_drop(DelayBudget(0.110, 0.010), "loose")
+    assert aqm.target_s() == pytest.approx(0.100)
+    for bad in ({"activity": 0.0}, {"min_share": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            BottleneckAQM("cpu", **bad)
