@@ -378,11 +378,28 @@ async def open_loop(base_url: str, rates_per_s: Mapping[str, float], *, duration
     return {"endpoints": out, "elapsed_s": time.monotonic() - start}
 
 
-class _Server:
-    """One ``uvicorn`` process serving the app under ``config`` on a free loopback port."""
+def split_cores(available: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """``(client cores, server cores)``: the server gets the upper half of ``available`` (at least one core),
+    the load generator the rest; ``None`` with fewer than two cores (nothing to split)."""
+    cores = sorted(int(c) for c in available)
+    if len(cores) < 2:
+        return None
+    k = max(1, len(cores) // 2)
+    return tuple(cores[:-k]), tuple(cores[-k:])
 
-    def __init__(self, config: Mapping[str, Any], start_timeout_s: float = 60.0) -> None:
+
+class _Server:
+    """One ``uvicorn`` process serving the app under ``config`` on a free loopback port.
+
+    ``cores``: pin the server process to these CPUs (set right after it is
+    started, before it imports anything, so every thread it makes inherits
+    them); ``None`` leaves it where the OS puts it.
+    """
+
+    def __init__(self, config: Mapping[str, Any], start_timeout_s: float = 60.0,
+                 cores: Sequence[int] | None = None) -> None:
         self.config, self.start_timeout_s = dict(config), start_timeout_s
+        self.cores = tuple(cores) if cores else None
 
     def __enter__(self) -> str:
         import subprocess
@@ -395,6 +412,8 @@ class _Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "sloctl.experiments.admission_live:app",
                                       "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if self.cores is not None:
+            os.sched_setaffinity(self.proc.pid, self.cores)
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + self.start_timeout_s
         while True:
@@ -414,10 +433,11 @@ class _Server:
 
 
 def measure_resources(*, mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 120, lock_writes: int = 8,
-                      requests: int = 20, bandwidth_s: float = 1.0, start_timeout_s: float = 60.0
-                      ) -> dict[str, Any]:
+                      requests: int = 20, bandwidth_s: float = 1.0, start_timeout_s: float = 60.0,
+                      server_cores: Sequence[int] | None = None) -> dict[str, Any]:
     """What the machine offers: memory bandwidth of 1 and 2 copy streams, and each endpoint's isolated
-    service time over HTTP (median of ``requests`` sequential requests to the bare app)."""
+    service time over HTTP (median of ``requests`` sequential requests to the bare app, pinned to
+    ``server_cores`` when given)."""
     import httpx
 
     out: dict[str, Any] = {"llc_bytes": llc_bytes(), "cpus": os.cpu_count(), "mem_mb": mem_mb, "copies": copies,
@@ -429,7 +449,7 @@ def measure_resources(*, mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 
     config = AppConfig.make("none", mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds, lock_writes=lock_writes)
     isolated = {}
     with tempfile.TemporaryDirectory(prefix="sloctl-admission-live-") as work_dir, \
-            _Server({**config, "work_dir": work_dir}, start_timeout_s) as base, \
+            _Server({**config, "work_dir": work_dir}, start_timeout_s, server_cores) as base, \
             httpx.Client(base_url=base, timeout=60) as client:
         for path in ENDPOINTS:
             client.get(path)  # warm
@@ -448,9 +468,15 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
                     cpu_load: float = 0.25, flood: float = 2.0, max_rate_per_s: float = 100.0,
                     slo_multiple: float = 5.0, slo_floor_s: float = 0.02,
                     grace_s: float = 5.0, start_timeout_s: float = 60.0, calibration_requests: int = 20,
-                    bandwidth_s: float = 1.0, on_progress: Callable[[int, int], None] | None = None
-                    ) -> dict[str, Any]:
+                    bandwidth_s: float = 1.0, split: bool = True,
+                    on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Measure the machine, then every control under the same seeded load, per seed.
+
+    ``split`` (default): the load generator (this process) and the server run on separate cores
+    (:func:`split_cores` of the CPUs this process may use; on 2 cores one each), so that the client's
+    HTTP work does not compete with the server it measures; the affinity is restored at the end. The
+    server's cores then count as ``cores`` in the rates below. Without ``split`` (or on one core) both
+    share every core, as before 2026-12-03.
 
     ``on_progress(done, total)``: ``(0, total)`` once the machine is measured, then after each
     (seed, control) run; ``total`` = seeds × controls.
@@ -473,12 +499,34 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
     if unknown:
         raise ValueError(f"The 'controls' parameter must hold only {', '.join(CONTROLS)}, got {unknown!r}.")
     began = time.monotonic()
+    cores_split = split_cores(os.sched_getaffinity(0)) if split and hasattr(os, "sched_getaffinity") else None
+    previous = os.sched_getaffinity(0) if cores_split is not None else None
+    try:
+        if cores_split is not None:
+            os.sched_setaffinity(0, cores_split[0])
+        return _live_runs(duration_s, seeds, controls, mem_mb, copies, cpu_rounds, lock_writes, cpu_load, flood,
+                          max_rate_per_s, slo_multiple, slo_floor_s, grace_s, start_timeout_s, calibration_requests,
+                          bandwidth_s, cores_split, began, on_progress)
+    finally:
+        if previous is not None:
+            os.sched_setaffinity(0, previous)
+
+
+def _live_runs(duration_s: float, seeds: Sequence[int], controls: Sequence[str], mem_mb: int, copies: int,
+               cpu_rounds: int, lock_writes: int, cpu_load: float, flood: float, max_rate_per_s: float,
+               slo_multiple: float, slo_floor_s: float, grace_s: float, start_timeout_s: float,
+               calibration_requests: int, bandwidth_s: float,
+               cores_split: tuple[tuple[int, ...], tuple[int, ...]] | None, began: float,
+               on_progress: Callable[[int, int], None] | None) -> dict[str, Any]:
+    server_cores = cores_split[1] if cores_split is not None else None
     per_run_bound = start_timeout_s + duration_s + grace_s + 15.0  # + the server's stop (≤ 10 s) and the client
     resources = measure_resources(mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds, lock_writes=lock_writes,
                                   requests=calibration_requests, bandwidth_s=bandwidth_s,
-                                  start_timeout_s=start_timeout_s)
+                                  start_timeout_s=start_timeout_s, server_cores=server_cores)
+    resources["client_cores"] = list(cores_split[0]) if cores_split is not None else None
+    resources["server_cores"] = list(server_cores) if server_cores is not None else None
     isolated = resources["isolated_s"]
-    cores = os.cpu_count() or 1
+    cores = len(server_cores) if server_cores is not None else (os.cpu_count() or 1)
     slo = {p: max(slo_multiple * isolated[p], slo_floor_s) for p in ENDPOINTS}
     rates = {"/cpu": cpu_load * cores / isolated["/cpu"], "/mem": flood / isolated["/mem"],
              "/lock": flood / isolated["/lock"]}
@@ -495,7 +543,7 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
                                     lock_writes=lock_writes, slo_s=slo, isolated_s=isolated,
                                     max_bandwidth_bytes_per_s=max_bw, seed=seed)
             with tempfile.TemporaryDirectory(prefix="sloctl-admission-live-") as work_dir, \
-                    _Server({**config, "work_dir": work_dir}, start_timeout_s) as base:
+                    _Server({**config, "work_dir": work_dir}, start_timeout_s, server_cores) as base:
                 result = asyncio.run(open_loop(base, rates, duration_s=duration_s, slo_s=slo, seed=seed,
                                                grace_s=grace_s))
             runs.append({"control": control, "seed": seed, **result})
@@ -524,7 +572,9 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
             "cpu_goodput_ratio": ratios, "bound_s": resources_bound(start_timeout_s, calibration_requests,
                                                                    bandwidth_s) + per_run_bound * len(runs),
             "elapsed_s": time.monotonic() - began,
-            "world": "live: uvicorn on loopback, this machine (shared CPUs), seeded open-loop load"}
+            "world": ("live: uvicorn on loopback, this machine, seeded open-loop load; "
+                      + (f"server on cores {list(server_cores)}, load generator on {list(cores_split[0])}"
+                         if cores_split is not None else "server and load generator sharing every core"))}
 
 
 def resources_bound(start_timeout_s: float, requests: int, bandwidth_s: float) -> float:

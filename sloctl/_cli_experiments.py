@@ -408,6 +408,9 @@ def experiment_admission_cmd(
     live_duration_s: float = typer.Option(60.0, help="With --live: seconds of load per control and seed."),
     live_seeds: int = typer.Option(3, help="With --live: seeds SEED, SEED+1, ..."),
     live_mem_mb: int = typer.Option(1024, help="With --live: MiB of each array /mem copies."),
+    live_split_cores: bool = typer.Option(True, "--live-split-cores/--live-shared-cores",
+                                          help="With --live: run the load generator and the server on separate "
+                                               "cores (shared: both on every core, the rule before 2026-12-03)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Svalinn vs none, single-queue, SEDA and Protego, graded against the goodput bound (simulated; --live too)."""
@@ -454,7 +457,8 @@ def experiment_admission_cmd(
         echo(f"live: measuring the machine, then 3 controls x {live_seeds} seeds x {live_duration_s:g} s ...")
         with progress_bar("experiment admission --live: runs", total=None) as bar:
             result["live"] = live_experiment(duration_s=live_duration_s, seeds=tuple(range(seed, seed + live_seeds)),
-                                             mem_mb=live_mem_mb, on_progress=bar.callback())
+                                             mem_mb=live_mem_mb, split=live_split_cores,
+                                             on_progress=bar.callback())
     if as_json:
         typer.echo(json.dumps(result, default=float))
         return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 
@@ -36,6 +37,10 @@ def test_a_tiny_live_run_of_every_control_ends_within_its_bound_and_accounts_for
     result = live_experiment(duration_s=0.5, seeds=(0,), mem_mb=16, copies=1, calibration_requests=2,
                              bandwidth_s=0.1, grace_s=1.0)
     assert result["elapsed_s"] <= result["bound_s"]
+    if len(os.sched_getaffinity(0)) >= 2:  # the server had cores of its own, away from the load generator
+        resources = result["resources"]
+        assert resources["server_cores"] and resources["client_cores"]
+        assert not set(resources["server_cores"]) & set(resources["client_cores"])
     assert set(result["resources"]["bandwidth_bytes_per_s"]) == {"1", "2"}
     assert all(result["resources"]["isolated_s"][p] > 0 for p in ENDPOINTS)
     assert [r["control"] for r in result["runs"]] == ["none", "single-queue", "svalinn"]
@@ -43,3 +48,37 @@ def test_a_tiny_live_run_of_every_control_ends_within_its_bound_and_accounts_for
         for counts in run["endpoints"].values():
             assert counts["sent"] == sum(counts[k] for k in ("ok", "refused", "client_dropped", "timed_out",
                                                              "errors"))
+
+
+def test_split_cores_gives_the_server_its_own_cores_and_the_load_generator_the_rest():
+    from sloctl.experiments.admission_live import split_cores
+
+    assert split_cores([0, 1]) == ((0,), (1,))
+    assert split_cores({3, 1, 2, 0}) == ((0, 1), (2, 3))
+    assert split_cores([5, 6, 7]) == ((5, 6), (7,))
+    assert split_cores([0]) is None  # one core: nothing to split
+
+
+def test_the_load_generator_runs_on_its_own_cores_and_gets_its_affinity_back_even_on_error(monkeypatch):
+    import os
+
+    from sloctl.experiments import admission_live
+
+    before = os.sched_getaffinity(0)
+    seen = {}
+
+    def boom(*args):
+        seen["inside"] = os.sched_getaffinity(0)
+        seen["split"] = args[16]
+        raise RuntimeError("server failed")
+
+    monkeypatch.setattr(admission_live, "_live_runs", boom)
+    with pytest.raises(RuntimeError, match="server failed"):
+        admission_live.live_experiment(duration_s=1.0, seeds=(0,))
+    assert os.sched_getaffinity(0) == before
+    split = admission_live.split_cores(before)
+    assert seen["split"] == split
+    assert seen["inside"] == (set(split[0]) if split else before)
+    with pytest.raises(RuntimeError):
+        admission_live.live_experiment(duration_s=1.0, seeds=(0,), split=False)
+    assert seen["split"] is None and seen["inside"] == before
