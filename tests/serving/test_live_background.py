@@ -112,7 +112,7 @@ def _run(monkeypatch, background: bool):
     config = AutoscalerConfig(window_s=1.0, mu=5, candidate_sizes=(1,), spinup_delay_s=0.1, max_clusters=2)
     autoscaler = Autoscaler(config, QueueTrigger(3), router, _slow_what_if, mode="add", minimum_s=0.5,
                             teardown=False)
-    queries = [Query(i, "q", 0.03 * i, 0.5) for i in range(40)]
+    queries = [Query(i, "q", 0.03 * i, 0.5) for i in range(80)]  # 2.4 s of arrivals: slack for a slowed sizer thread
     result = run_live("unused.duckdb", queries, [("c0", 1)], router, sql_by_template={"q": "SELECT 1"},
                       autoscaler=autoscaler, minimum_s=0.5, background_sizing=background)
     return result, autoscaler
@@ -154,7 +154,7 @@ def test_live_forced_decision_is_sized_in_the_background_and_applied_after(monke
     router = _LeastLoaded(_Model())
     config = AutoscalerConfig(window_s=1.0, mu=5, candidate_sizes=(1,), spinup_delay_s=0.1, max_clusters=2)
     autoscaler = Autoscaler(config, None, router, _slow_what_if, mode="add", minimum_s=0.5, teardown=False)
-    queries = [Query(i, "q", 0.03 * i, 0.5) for i in range(40)]
+    queries = [Query(i, "q", 0.03 * i, 0.5) for i in range(80)]  # 2.4 s of arrivals: slack for a slowed sizer thread
     result = run_live("unused.duckdb", queries, [("c0", 1)], router, sql_by_template={"q": "SELECT 1"},
                       autoscaler=autoscaler, minimum_s=0.5, force_scaling_at=8, mark_at=(32,))
     kinds = [e["event"] for e in result.events]
