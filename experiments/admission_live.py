@@ -36,6 +36,7 @@ that does not start within ``start_timeout_s`` is an error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
@@ -44,7 +45,7 @@ import random
 import statistics
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from starlette.requests import Request  # at module level: FastAPI resolves the handlers' annotations here
@@ -388,6 +389,21 @@ def split_cores(available: Sequence[int]) -> tuple[tuple[int, ...], tuple[int, .
     return tuple(cores[:-k]), tuple(cores[-k:])
 
 
+@contextlib.contextmanager
+def _pinned(cores: Sequence[int] | None) -> Iterator[None]:
+    """Run this process on ``cores`` inside the block (nothing with ``None``); its affinity comes back after,
+    also after an error."""
+    if cores is None:
+        yield
+        return
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cores)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, previous)
+
+
 class _Server:
     """One ``uvicorn`` process serving the app under ``config`` on a free loopback port.
 
@@ -500,55 +516,38 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
         raise ValueError(f"The 'controls' parameter must hold only {', '.join(CONTROLS)}, got {unknown!r}.")
     began = time.monotonic()
     cores_split = split_cores(os.sched_getaffinity(0)) if split and hasattr(os, "sched_getaffinity") else None
-    previous = os.sched_getaffinity(0) if cores_split is not None else None
-    try:
-        if cores_split is not None:
-            os.sched_setaffinity(0, cores_split[0])
-        return _live_runs(duration_s, seeds, controls, mem_mb, copies, cpu_rounds, lock_writes, cpu_load, flood,
-                          max_rate_per_s, slo_multiple, slo_floor_s, grace_s, start_timeout_s, calibration_requests,
-                          bandwidth_s, cores_split, began, on_progress)
-    finally:
-        if previous is not None:
-            os.sched_setaffinity(0, previous)
-
-
-def _live_runs(duration_s: float, seeds: Sequence[int], controls: Sequence[str], mem_mb: int, copies: int,
-               cpu_rounds: int, lock_writes: int, cpu_load: float, flood: float, max_rate_per_s: float,
-               slo_multiple: float, slo_floor_s: float, grace_s: float, start_timeout_s: float,
-               calibration_requests: int, bandwidth_s: float,
-               cores_split: tuple[tuple[int, ...], tuple[int, ...]] | None, began: float,
-               on_progress: Callable[[int, int], None] | None) -> dict[str, Any]:
     server_cores = cores_split[1] if cores_split is not None else None
-    per_run_bound = start_timeout_s + duration_s + grace_s + 15.0  # + the server's stop (≤ 10 s) and the client
-    resources = measure_resources(mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds, lock_writes=lock_writes,
-                                  requests=calibration_requests, bandwidth_s=bandwidth_s,
-                                  start_timeout_s=start_timeout_s, server_cores=server_cores)
-    resources["client_cores"] = list(cores_split[0]) if cores_split is not None else None
-    resources["server_cores"] = list(server_cores) if server_cores is not None else None
-    isolated = resources["isolated_s"]
-    cores = len(server_cores) if server_cores is not None else (os.cpu_count() or 1)
-    slo = {p: max(slo_multiple * isolated[p], slo_floor_s) for p in ENDPOINTS}
-    rates = {"/cpu": cpu_load * cores / isolated["/cpu"], "/mem": flood / isolated["/mem"],
-             "/lock": flood / isolated["/lock"]}
-    rates = {p: min(r, max_rate_per_s) for p, r in rates.items()}
-    max_bw = max(resources["bandwidth_bytes_per_s"].values())
-    runs = []
-    import tempfile
+    with _pinned(cores_split[0] if cores_split is not None else None):
+        per_run_bound = start_timeout_s + duration_s + grace_s + 15.0  # + the server's stop (≤ 10 s) and the client
+        resources = measure_resources(mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds, lock_writes=lock_writes,
+                                      requests=calibration_requests, bandwidth_s=bandwidth_s,
+                                      start_timeout_s=start_timeout_s, server_cores=server_cores)
+        resources["client_cores"] = list(cores_split[0]) if cores_split is not None else None
+        resources["server_cores"] = list(server_cores) if server_cores is not None else None
+        isolated = resources["isolated_s"]
+        cores = len(server_cores) if server_cores is not None else (os.cpu_count() or 1)
+        slo = {p: max(slo_multiple * isolated[p], slo_floor_s) for p in ENDPOINTS}
+        rates = {"/cpu": cpu_load * cores / isolated["/cpu"], "/mem": flood / isolated["/mem"],
+                 "/lock": flood / isolated["/lock"]}
+        rates = {p: min(r, max_rate_per_s) for p, r in rates.items()}
+        max_bw = max(resources["bandwidth_bytes_per_s"].values())
+        runs = []
+        import tempfile
 
-    if on_progress is not None:
-        on_progress(0, len(seeds) * len(controls))
-    for seed in seeds:
-        for control in controls:
-            config = AppConfig.make(control, mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds,
-                                    lock_writes=lock_writes, slo_s=slo, isolated_s=isolated,
-                                    max_bandwidth_bytes_per_s=max_bw, seed=seed)
-            with tempfile.TemporaryDirectory(prefix="sloctl-admission-live-") as work_dir, \
-                    _Server({**config, "work_dir": work_dir}, start_timeout_s, server_cores) as base:
-                result = asyncio.run(open_loop(base, rates, duration_s=duration_s, slo_s=slo, seed=seed,
-                                               grace_s=grace_s))
-            runs.append({"control": control, "seed": seed, **result})
-            if on_progress is not None:
-                on_progress(len(runs), len(seeds) * len(controls))
+        if on_progress is not None:
+            on_progress(0, len(seeds) * len(controls))
+        for seed in seeds:
+            for control in controls:
+                config = AppConfig.make(control, mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds,
+                                        lock_writes=lock_writes, slo_s=slo, isolated_s=isolated,
+                                        max_bandwidth_bytes_per_s=max_bw, seed=seed)
+                with tempfile.TemporaryDirectory(prefix="sloctl-admission-live-") as work_dir, \
+                        _Server({**config, "work_dir": work_dir}, start_timeout_s, server_cores) as base:
+                    result = asyncio.run(open_loop(base, rates, duration_s=duration_s, slo_s=slo, seed=seed,
+                                                   grace_s=grace_s))
+                runs.append({"control": control, "seed": seed, **result})
+                if on_progress is not None:
+                    on_progress(len(runs), len(seeds) * len(controls))
     summary: dict[str, Any] = {}
     for control in controls:
         mine = [r for r in runs if r["control"] == control]

@@ -67,18 +67,18 @@ def test_the_load_generator_runs_on_its_own_cores_and_gets_its_affinity_back_eve
     before = os.sched_getaffinity(0)
     seen = {}
 
-    def boom(*args):
+    def boom(**kwargs):
         seen["inside"] = os.sched_getaffinity(0)
-        seen["split"] = args[16]
+        seen["server_cores"] = kwargs["server_cores"]
         raise RuntimeError("server failed")
 
-    monkeypatch.setattr(admission_live, "_live_runs", boom)
+    monkeypatch.setattr(admission_live, "measure_resources", boom)
     with pytest.raises(RuntimeError, match="server failed"):
         admission_live.live_experiment(duration_s=1.0, seeds=(0,))
     assert os.sched_getaffinity(0) == before
     split = admission_live.split_cores(before)
-    assert seen["split"] == split
+    assert seen["server_cores"] == (split[1] if split else None)
     assert seen["inside"] == (set(split[0]) if split else before)
     with pytest.raises(RuntimeError):
         admission_live.live_experiment(duration_s=1.0, seeds=(0,), split=False)
-    assert seen["split"] is None and seen["inside"] == before
+    assert seen["server_cores"] is None and seen["inside"] == before
