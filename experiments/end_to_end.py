@@ -346,6 +346,11 @@ class _Graders:
         return ("autoslo", "fixed-large", "fixed-2x-half", f"queue@{self.cfg.tuner.queue_n}", "rais-balanced",
                 "rais-performance")
 
+    def floor(self, queries: Sequence[Query], seed: int) -> tuple[float, float]:
+        """``(vr, cost)`` of one smallest cluster serving every query: the most packed placement."""
+        smallest = min(self.cfg.tuner.sizes)
+        return _simulate(self.world, [("floor", smallest)], RoundRobinRouter(), queries, seed, self.minimum_s)
+
     def run(self, name: str, queries: Sequence[Query], seed: int, *, plan: ExecutionConfig, base: ExecutionConfig,
             forecast_per_s: np.ndarray) -> tuple[float, float, list]:
         """``(vr, cost, RAIS resizes)`` of one approach (cost in price × size × seconds)."""
@@ -481,8 +486,7 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                 results[name] = {"vr": vr, "cost": cost, "meets_tau": vr <= tcfg.tau_target}
                 if name.startswith("rais-"):
                     resizes[name] = outs[0][2]
-            floors = [_simulate(world, [("floor", min(tcfg.sizes))], RoundRobinRouter(), q, s, minimum_s)
-                      for q, s in draws]
+            floors = [graders.floor(q, s) for q, s in draws]
             floor_vr = float(np.mean([f[0] for f in floors]))
             scenario = {"day": day, "kappa": kappa, "results": results,
                         "floor": {"vr": floor_vr, "cost": float(np.mean([f[1] for f in floors])) / hour_s,
