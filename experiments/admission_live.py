@@ -100,17 +100,18 @@ class AppConfig(dict):
     def make(cls, control: str = "none", *, mem_mb: int = 1024, copies: int = 2, cpu_rounds: int = 120,
              lock_writes: int = 8, slo_s: Mapping[str, float] | None = None,
              isolated_s: Mapping[str, float] | None = None, max_bandwidth_bytes_per_s: float = 1e10,
-             seed: int = 0) -> AppConfig:
+             seed: int = 0, server_cores: int = 1) -> AppConfig:
         if control not in CONTROLS:
             raise ValueError(f"The 'control' parameter must be one of {', '.join(CONTROLS)}, got {control!r}.")
         for name, value in (("mem_mb", mem_mb), ("copies", copies), ("cpu_rounds", cpu_rounds),
-                            ("lock_writes", lock_writes)):
+                            ("lock_writes", lock_writes), ("server_cores", server_cores)):
             if not (isinstance(value, int) and value >= 1):
                 raise ValueError(f"The '{name}' parameter must be an integer >= 1, got {value!r}.")
         return cls(control=control, mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds, lock_writes=lock_writes,
                    slo_s=dict(slo_s or dict.fromkeys(ENDPOINTS, 1.0)),
                    isolated_s=dict(isolated_s or dict.fromkeys(ENDPOINTS, 0.0)),
-                   max_bandwidth_bytes_per_s=float(max_bandwidth_bytes_per_s), seed=seed)
+                   max_bandwidth_bytes_per_s=float(max_bandwidth_bytes_per_s), seed=seed,
+                   server_cores=server_cores)
 
 
 class ControllerMiddleware:
@@ -150,8 +151,67 @@ class ControllerMiddleware:
             self.controller.on_complete(req, done)
 
 
+class ServerClock:
+    """The outermost ASGI layer of the live app: how long each request spent inside the server process.
+
+    It times every request to ``paths`` from the moment the server hands it to the app to the end of its
+    response, apart by outcome (``200`` or not), and answers ``GET /stats`` itself (past every control)
+    with ``{path: {"ok", "other", "p50_s", "p99_s"}}`` over the ``200`` answers. Beside the client's
+    latencies, which count from the scheduled send time, it shows how much of a tail is the server's."""
+
+    def __init__(self, app: Callable, paths: Sequence[str] = ENDPOINTS) -> None:
+        self.app = app
+        self.ok_s: dict[str, list[float]] = {p: [] for p in paths}
+        self.other = dict.fromkeys(paths, 0)
+
+    async def __call__(self, scope: Any, receive: Callable, send: Callable) -> None:
+        path = scope.get("path") if scope["type"] == "http" else None
+        if path == "/stats":
+            body = json.dumps(self.stats()).encode()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        if path not in self.ok_s:
+            await self.app(scope, receive, send)
+            return
+        start, status = time.monotonic(), 500
+
+        async def watch(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        finally:
+            if status == 200:
+                self.ok_s[path].append(time.monotonic() - start)
+            else:
+                self.other[path] += 1
+
+    def stats(self) -> dict[str, dict[str, Any]]:
+        out = {}
+        for path, times in self.ok_s.items():
+            ordered = sorted(times)
+            out[path] = {"ok": len(ordered), "other": self.other[path],
+                         "p50_s": statistics.median(ordered) if ordered else None,
+                         "p99_s": _p99(ordered)}
+        return out
+
+
+def _p99(ordered: Sequence[float]) -> float | None:
+    """The 99th percentile of sorted samples (nearest rank), None without any."""
+    return ordered[min(len(ordered) - 1, int(math.ceil(0.99 * len(ordered))) - 1)] if ordered else None
+
+
 def build_app(config: Mapping[str, Any]) -> Any:
-    """The three-endpoint app under ``config["control"]`` (see :class:`AppConfig`)."""
+    """The three-endpoint app under ``config["control"]`` (see :class:`AppConfig`), inside a :class:`ServerClock`."""
+    return ServerClock(_controlled_app(config))
+
+
+def _controlled_app(config: Mapping[str, Any]) -> Any:
     import numpy as np
     from fastapi import FastAPI
     from fastapi.responses import JSONResponse
@@ -172,8 +232,10 @@ def build_app(config: Mapping[str, Any]) -> Any:
     if control == "svalinn":
         credits = CreditController(initial_credits=32, min_credits=4, max_credits=512, experiment_s=0.05,
                                    warmup_s=0.02, classes=[ClassShare(c, 1) for c in classes], seed=config["seed"])
-        tuner = EpsilonGreedyTuner(4, config["max_bandwidth_bytes_per_s"], initial_capacity=1, interval_s=0.01,
-                                   seed=config["seed"])
+        # Arms 1..the server's cores, as Svalinn.for_server builds it: one core streams at most one copy at a
+        # time, and a second copy only halves the core every other request gets (issue 21).
+        tuner = EpsilonGreedyTuner(config.get("server_cores", 1), config["max_bandwidth_bytes_per_s"],
+                                   initial_capacity=1, interval_s=0.01, seed=config["seed"])
         expected = {c: config["isolated_s"]["/" + c] for c in classes}
         svalinn = Svalinn(credits, BottleneckAQM("server", servers=64),
                           MemoryGate(1, tuner, initial_hold_s=expected["mem"]), expected)
@@ -375,7 +437,7 @@ async def open_loop(base_url: str, rates_per_s: Mapping[str, float], *, duration
         lat = sorted(latencies[path])
         out[path] = {**c, "goodput_per_s": c["good"] / duration_s,
                      "p50_s": statistics.median(lat) if lat else math.nan,
-                     "p99_s": lat[min(len(lat) - 1, int(math.ceil(0.99 * len(lat))) - 1)] if lat else math.nan}
+                     "p99_s": _p99(lat) if lat else math.nan}
     return {"endpoints": out, "elapsed_s": time.monotonic() - start}
 
 
@@ -484,7 +546,7 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
                     cpu_load: float = 0.25, flood: float = 2.0, max_rate_per_s: float = 100.0,
                     slo_multiple: float = 5.0, slo_floor_s: float = 0.02,
                     grace_s: float = 5.0, start_timeout_s: float = 60.0, calibration_requests: int = 20,
-                    bandwidth_s: float = 1.0, split: bool = True,
+                    bandwidth_s: float = 1.0, split: bool = True, cpu_alone: bool = True,
                     on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Measure the machine, then every control under the same seeded load, per seed.
 
@@ -494,8 +556,12 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
     server's cores then count as ``cores`` in the rates below. Without ``split`` (or on one core) both
     share every core, as before 2026-12-03.
 
+    ``cpu_alone`` (default): per seed, first a reference run of the bare app with ``/cpu``'s load only
+    (no flood, no control, the same arrivals): the latency ``/cpu`` gets with the server to itself at
+    its offered rate, the best any control could give it under the flood.
+
     ``on_progress(done, total)``: ``(0, total)`` once the machine is measured, then after each
-    (seed, control) run; ``total`` = seeds × controls.
+    run; ``total`` = seeds × (controls + the reference run).
 
     Rates: ``/cpu`` at ``cpu_load`` × (cores ÷ its isolated time); ``/mem`` and ``/lock`` each at
     ``flood`` × (1 ÷ its isolated time) — a flood of each; every rate at most ``max_rate_per_s`` (Python's
@@ -505,8 +571,10 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
 
     Returns:
         ``{"resources", "slo_s", "rates_per_s", "runs": [{"control", "seed", "endpoints": {...},
-        "elapsed_s"}], "summary": {control: {endpoint: {"goodput_per_s" (mean), "p99_s" (worst)}}},
-        "cpu_goodput_ratio": {"vs_none", "vs_single_queue"} per seed, "bound_s", "elapsed_s"}``.
+        "elapsed_s", "server"}], "cpu_alone": [{"seed", "endpoints", "server"}], "summary": {control:
+        {endpoint: {"goodput_per_s" (mean), "p99_s" (worst)}}, "cpu_alone": ...}, "cpu_goodput_ratio":
+        {"vs_none", "vs_single_queue", "svalinn_cpu_p99_within_slo", "cpu_alone_p99_s"} per seed,
+        "bound_s", "elapsed_s"}``. ``server`` is the app's own :class:`ServerClock` figures for the run.
     """
     for name, value in (("duration_s", duration_s), ("cpu_load", cpu_load), ("flood", flood)):
         if not (math.isfinite(value) and value > 0):
@@ -534,25 +602,38 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
         runs = []
         import tempfile
 
+        alone_runs: list[dict[str, Any]] = []
+        total = len(seeds) * (len(controls) + bool(cpu_alone))
+
+        def one_run(control: str, seed: int, run_rates: Mapping[str, float]) -> dict[str, Any]:
+            config = AppConfig.make(control, mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds,
+                                    lock_writes=lock_writes, slo_s=slo, isolated_s=isolated,
+                                    max_bandwidth_bytes_per_s=max_bw, seed=seed, server_cores=cores)
+            with tempfile.TemporaryDirectory(prefix="sloctl-admission-live-") as work_dir, \
+                    _Server({**config, "work_dir": work_dir}, start_timeout_s, server_cores) as base:
+                result = asyncio.run(open_loop(base, run_rates, duration_s=duration_s, slo_s=slo, seed=seed,
+                                               grace_s=grace_s))
+                result["server"] = _server_stats(base)
+            if on_progress is not None:
+                on_progress(len(runs) + len(alone_runs) + 1, total)
+            return result
+
         if on_progress is not None:
-            on_progress(0, len(seeds) * len(controls))
+            on_progress(0, total)
         for seed in seeds:
+            if cpu_alone:
+                alone_runs.append({"seed": seed, **one_run("none", seed, {"/cpu": rates["/cpu"]})})
             for control in controls:
-                config = AppConfig.make(control, mem_mb=mem_mb, copies=copies, cpu_rounds=cpu_rounds,
-                                        lock_writes=lock_writes, slo_s=slo, isolated_s=isolated,
-                                        max_bandwidth_bytes_per_s=max_bw, seed=seed)
-                with tempfile.TemporaryDirectory(prefix="sloctl-admission-live-") as work_dir, \
-                        _Server({**config, "work_dir": work_dir}, start_timeout_s, server_cores) as base:
-                    result = asyncio.run(open_loop(base, rates, duration_s=duration_s, slo_s=slo, seed=seed,
-                                                   grace_s=grace_s))
-                runs.append({"control": control, "seed": seed, **result})
-                if on_progress is not None:
-                    on_progress(len(runs), len(seeds) * len(controls))
+                runs.append({"control": control, "seed": seed, **one_run(control, seed, rates)})
     summary: dict[str, Any] = {}
     for control in controls:
         mine = [r for r in runs if r["control"] == control]
         summary[control] = {p: {"goodput_per_s": statistics.mean(r["endpoints"][p]["goodput_per_s"] for r in mine),
                                 "p99_s": max(r["endpoints"][p]["p99_s"] for r in mine)} for p in ENDPOINTS}
+    if alone_runs:
+        summary["cpu_alone"] = {"/cpu": {
+            "goodput_per_s": statistics.mean(r["endpoints"]["/cpu"]["goodput_per_s"] for r in alone_runs),
+            "p99_s": max(r["endpoints"]["/cpu"]["p99_s"] for r in alone_runs)}}
     ratios = []
     for seed in seeds:
         good = {r["control"]: r["endpoints"]["/cpu"]["goodput_per_s"] for r in runs if r["seed"] == seed}
@@ -565,15 +646,31 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
             row["svalinn_cpu_p99_within_slo"] = next(
                 r["endpoints"]["/cpu"]["p99_s"] for r in runs if r["seed"] == seed and r["control"] == "svalinn"
             ) <= slo["/cpu"]
+        alone = [r["endpoints"]["/cpu"]["p99_s"] for r in alone_runs if r["seed"] == seed]
+        if alone:
+            row["cpu_alone_p99_s"] = alone[0]
+            row["cpu_alone_p99_within_slo"] = alone[0] <= slo["/cpu"]
         ratios.append(row)
     return {"resources": resources, "slo_s": slo, "rates_per_s": rates, "duration_s": duration_s,
-            "seeds": list(seeds), "controls": list(controls), "runs": runs, "summary": summary,
+            "seeds": list(seeds), "controls": list(controls), "runs": runs, "cpu_alone": alone_runs,
+            "summary": summary,
             "cpu_goodput_ratio": ratios, "bound_s": resources_bound(start_timeout_s, calibration_requests,
-                                                                   bandwidth_s) + per_run_bound * len(runs),
+                                                                   bandwidth_s)
+            + per_run_bound * (len(runs) + len(alone_runs)),
             "elapsed_s": time.monotonic() - began,
             "world": ("live: uvicorn on loopback, this machine, seeded open-loop load; "
                       + (f"server on cores {list(server_cores)}, load generator on {list(cores_split[0])}"
                          if cores_split is not None else "server and load generator sharing every core"))}
+
+
+def _server_stats(base: str) -> dict[str, Any] | None:
+    """The app's :class:`ServerClock` figures (None if the server no longer answers)."""
+    import httpx
+
+    try:
+        return httpx.get(base + "/stats", timeout=5).json()
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 def resources_bound(start_timeout_s: float, requests: int, bandwidth_s: float) -> float:

@@ -383,8 +383,16 @@ def _print_live(live: dict) -> None:
         typer.echo(f"  {control:<13} {cells}")
     for row in live["cpu_goodput_ratio"]:
         cells = "  ".join(f"{k} {v:.2f}x" for k, v in row.items() if k.startswith("vs_"))
+        alone = (f"; /cpu alone (no flood, no control) p99 {row['cpu_alone_p99_s'] * 1e3:.1f} ms"
+                 if "cpu_alone_p99_s" in row else "")
         typer.echo(f"  seed {row['seed']}: /cpu goodput svalinn {cells}; p99 within SLO: "
-                   f"{row.get('svalinn_cpu_p99_within_slo')}")
+                   f"{row.get('svalinn_cpu_p99_within_slo')}{alone}")
+    for run in live["runs"]:
+        server = (run.get("server") or {}).get("/cpu") or {}
+        if server.get("p99_s") is not None:
+            client_ms = run["endpoints"]["/cpu"]["p99_s"] * 1e3
+            typer.echo(f"  seed {run['seed']} {run['control']:<13} /cpu p99 {client_ms:.1f} ms at the client, "
+                       f"{server['p99_s'] * 1e3:.1f} ms inside the server")
 
 
 @experiment_app.command("admission")

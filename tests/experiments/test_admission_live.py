@@ -44,10 +44,49 @@ def test_a_tiny_live_run_of_every_control_ends_within_its_bound_and_accounts_for
     assert set(result["resources"]["bandwidth_bytes_per_s"]) == {"1", "2"}
     assert all(result["resources"]["isolated_s"][p] > 0 for p in ENDPOINTS)
     assert [r["control"] for r in result["runs"]] == ["none", "single-queue", "svalinn"]
-    for run in result["runs"]:
+    for run in result["runs"] + result["cpu_alone"]:
         for counts in run["endpoints"].values():
             assert counts["sent"] == sum(counts[k] for k in ("ok", "refused", "client_dropped", "timed_out",
                                                              "errors"))
+        # the server's own clock saw exactly the answers the client got back as 200
+        for path, counts in run["endpoints"].items():
+            assert run["server"][path]["ok"] == counts["ok"]
+    alone = result["cpu_alone"]
+    assert [r["seed"] for r in alone] == [0] and set(alone[0]["endpoints"]) == {"/cpu"}  # no flood
+    assert alone[0]["server"]["/mem"]["ok"] == alone[0]["server"]["/lock"]["ok"] == 0
+    assert result["cpu_goodput_ratio"][0]["cpu_alone_p99_s"] == alone[0]["endpoints"]["/cpu"]["p99_s"]
+
+
+def test_the_server_clock_times_answers_by_outcome_and_answers_stats_past_every_control():
+    import httpx
+
+    from sloctl.experiments.admission_live import ServerClock
+
+    async def app(scope, receive, send):  # /cpu answers 200, /lock 503; anything else 404
+        status = {"/cpu": 200, "/lock": 503}.get(scope["path"], 404)
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    clock = ServerClock(app)
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=clock), base_url="http://t") as client:
+            for path in ("/cpu", "/cpu", "/lock", "/healthz"):
+                await client.get(path)
+            return (await client.get("/stats")).json()
+
+    stats = asyncio.run(main())
+    assert stats["/cpu"]["ok"] == 2 and stats["/cpu"]["other"] == 0 and stats["/cpu"]["p99_s"] >= 0
+    assert stats["/lock"] == {"ok": 0, "other": 1, "p50_s": None, "p99_s": None}
+    assert stats["/mem"]["ok"] == 0 and "/healthz" not in stats
+
+
+def test_the_app_config_refuses_a_server_without_cores():
+    from sloctl.experiments.admission_live import AppConfig
+
+    with pytest.raises(ValueError, match="'server_cores'.*integer >= 1"):
+        AppConfig.make("svalinn", server_cores=0)
+    assert AppConfig.make("svalinn", server_cores=2)["server_cores"] == 2
 
 
 def test_split_cores_gives_the_server_its_own_cores_and_the_load_generator_the_rest():
