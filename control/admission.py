@@ -384,10 +384,16 @@ class Svalinn(AdmitAll):
         memory: the m_semaphore and its tuner.
         expected_service_s: isolated service time per request kind name
             (seconds); kinds not listed expect 0.
+        lock_residual: a lock's AQM counts what is left of the holder's
+            section (``BottleneckAQM(residual=True)``, from the time the holder
+            got the lock) instead of a whole section; False is the rule before
+            2026-12-03 (the three-bottleneck lock class 0.83 → 0.85 of the bound
+            at 1×, about what a clairvoyant admission serves; docs/admission_sim.md).
     """
 
     def __init__(self, credits: CreditController, cpu_aqm: BottleneckAQM, memory: MemoryGate,
-                 expected_service_s: Mapping[str, float] | None = None) -> None:
+                 expected_service_s: Mapping[str, float] | None = None, lock_residual: bool = True) -> None:
+        self.lock_residual = bool(lock_residual)
         self.credits_ = credits
         self.cpu_aqm_ = cpu_aqm
         self.memory_ = memory
@@ -399,7 +405,7 @@ class Svalinn(AdmitAll):
                    priorities: Mapping[str, int] | None = None, utility: Utility | None = None,
                    static_capacity: int | None = None, credit_kwargs: Mapping[str, Any] | None = None,
                    tuner_kwargs: Mapping[str, Any] | None = None, seed: int = 0,
-                   shares: Mapping[str, float] | None = None) -> Svalinn:
+                   shares: Mapping[str, float] | None = None, lock_residual: bool = True) -> Svalinn:
         """Svalinn for a server with ``cores`` cores and peak memory bandwidth ``max_bandwidth_bytes_per_s``.
 
         The run queue's AQM has ``cores`` servers; the m_semaphore's
@@ -418,6 +424,7 @@ class Svalinn(AdmitAll):
             credit_kwargs, tuner_kwargs: passed on to the controller and the tuner.
             seed: seeds the credit experiments and the tuner.
             shares: credit share per class name (default 1 each; see ``ClassShare``).
+            lock_residual: see the class's argument.
         """
         priorities = dict(priorities or {})
         shares = dict(shares or {})
@@ -427,7 +434,8 @@ class Svalinn(AdmitAll):
         tuner = EpsilonGreedyTuner(cores, max_bandwidth_bytes_per_s, seed=seed,
                                    **{"initial_capacity": cores, **dict(tuner_kwargs or {})})
         memory = MemoryGate(static_capacity, tuner, tune=static_capacity is None)
-        return cls(credits, BottleneckAQM("cpu", servers=cores, protect_tightest=True), memory, expected_service_s)
+        return cls(credits, BottleneckAQM("cpu", servers=cores, protect_tightest=True), memory, expected_service_s,
+                   lock_residual=lock_residual)
 
     # -- the parts, under the names drivers and reports read -------------------------
 
@@ -466,7 +474,8 @@ class Svalinn(AdmitAll):
         if bottleneck == "cpu":
             return self.cpu_aqm_
         if bottleneck not in self.lock_aqm_:
-            self.lock_aqm_[bottleneck] = BottleneckAQM(bottleneck, servers=1, count_in_service=True)
+            self.lock_aqm_[bottleneck] = BottleneckAQM(bottleneck, servers=1, count_in_service=True,
+                                                       residual=self.lock_residual)
         return self.lock_aqm_[bottleneck]
 
     @staticmethod
@@ -477,14 +486,14 @@ class Svalinn(AdmitAll):
     def on_enqueue(self, req: AdmissionRequest, bottleneck: str, queue_len: int, now_s: float) -> bool:
         aqm = self._aqm(bottleneck)
         kind = self._kind(bottleneck, req)
-        if aqm.should_drop(req.ctx["budget"], kind):
+        if aqm.should_drop(req.ctx["budget"], kind, now_s):
             return False
         aqm.joined(kind)
         return True
 
     def on_dequeue(self, req: AdmissionRequest, bottleneck: str, wait_s: float, now_s: float) -> None:
         aqm = self._aqm(bottleneck)
-        aqm.left(wait_s, req.ctx["budget"], self._kind(bottleneck, req))
+        aqm.left(wait_s, req.ctx["budget"], self._kind(bottleneck, req), now_s)
         if bottleneck != "cpu":
             aqm.observe_hold(req.rtype.lock_s)
 

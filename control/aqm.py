@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import deque
 from collections.abc import Callable
 
 __all__ = ["BottleneckAQM", "DelayBudget"]
@@ -105,6 +106,13 @@ class BottleneckAQM:
     bottleneck near saturation, requests admitted with too little budget
     spend the bottleneck's time and still finish late.
 
+    With ``residual`` as well, the AQM also remembers when each holder got
+    its server (``left(..., now_s=)``) and counts, instead of a whole hold,
+    what is left of the longest-running holder's: ``max(0, mean_hold −
+    elapsed)`` at ``should_drop(..., now_s=)``. With fixed holds (a lock's
+    critical section) this is exact; a whole hold refuses newcomers that
+    would have been served in time, and the server idles between them.
+
     Items may name their ``kind`` (e.g. the request type). The AQM then also
     keeps an EWMA of each kind's holds, and counts every queued item at its
     own kind's mean (the all-kinds mean for a kind not seen yet, or an item
@@ -132,6 +140,8 @@ class BottleneckAQM:
         initial_hold_s: mean hold assumed before the first sample (seconds).
         count_in_service: track items holding a server (``left`` to
             ``released``) and count the wait for one of them when all are held.
+        residual: with ``count_in_service``, count the longest-running holder's
+            remaining hold (when the caller passes ``now_s``) instead of a whole one.
         protect_tightest: hold every newcomer to the tightest budget among
             the kinds that use the queue (see above).
         activity: weight of one arrival in the per-kind arrival shares (about
@@ -142,7 +152,7 @@ class BottleneckAQM:
 
     def __init__(self, name: str, servers: int = 1, ewma: float = 0.2, initial_hold_s: float = 0.0,
                  count_in_service: bool = False, protect_tightest: bool = False, activity: float = 0.001,
-                 min_share: float = 0.02) -> None:
+                 min_share: float = 0.02, residual: bool = False) -> None:
         if not (isinstance(servers, numbers.Integral) and not isinstance(servers, bool) and servers >= 1):
             raise ValueError(f"The 'servers' parameter of BottleneckAQM must be an integer >= 1, got {servers!r}.")
         if not 0.0 < ewma <= 1.0:
@@ -164,6 +174,8 @@ class BottleneckAQM:
         self.ewma = ewma
         self.mean_hold_s = float(initial_hold_s)
         self.count_in_service = bool(count_in_service)
+        self.residual = bool(residual)
+        self._hold_starts: deque[float] = deque()  # when each current holder got its server (with ``residual``)
         self.queue_len = 0
         self.in_service = 0
         self.drops = 0
@@ -182,16 +194,22 @@ class BottleneckAQM:
             old = self._kind_hold_s.get(kind)
             self._kind_hold_s[kind] = hold_s if old is None else self.ewma * hold_s + (1 - self.ewma) * old
 
-    def expected_wait_s(self, queue_len: int | None = None) -> float:
+    def expected_wait_s(self, queue_len: int | None = None, now_s: float | None = None) -> float:
         """Predicted wait (seconds) behind ``queue_len`` items of the mean hold (default: the current queue,
-        each item at its kind's mean hold)."""
+        each item at its kind's mean hold); ``now_s`` lets a ``residual`` AQM count what is left of the
+        current hold."""
         if queue_len is None:
             held = self.mean_hold_s
             queued = sum(n * self._kind_hold_s.get(kind, held) for kind, n in self._queued.items() if n)
         else:
             queued = queue_len * self.mean_hold_s
         if self.count_in_service and self.in_service >= self.servers:
-            queued += self.mean_hold_s  # every server is held: one must let go first (a whole hold: never too little)
+            # every server is held: one must let go first (a whole hold: never too little; with ``residual``,
+            # what is left of the longest-running holder's)
+            if self.residual and now_s is not None and self._hold_starts:
+                queued += max(0.0, self.mean_hold_s - (now_s - self._hold_starts[0]))
+            else:
+                queued += self.mean_hold_s
         return queued / self.servers
 
     def target_s(self) -> float:
@@ -207,7 +225,7 @@ class BottleneckAQM:
         old = self._kind_budget_s.get(kind)
         self._kind_budget_s[kind] = budget_s if old is None else self.ewma * budget_s + (1 - self.ewma) * old
 
-    def should_drop(self, budget: DelayBudget, kind: str | None = None) -> bool:
+    def should_drop(self, budget: DelayBudget, kind: str | None = None, now_s: float | None = None) -> bool:
         """True (and the budget is dropped, running its cleanups) when the wait would exceed the budget.
 
         With ``protect_tightest``, also when it would exceed the tightest
@@ -221,7 +239,7 @@ class BottleneckAQM:
         if self.protect_tightest and kind is not None:
             self._saw(kind, budget.remaining_s)
             allowed = min(allowed, self.target_s())
-        if self.expected_wait_s() > allowed:
+        if self.expected_wait_s(now_s=now_s) > allowed:
             self.drops += 1
             budget.drop()
             return True
@@ -233,9 +251,10 @@ class BottleneckAQM:
         self.admitted += 1
         self._queued[kind] = self._queued.get(kind, 0) + 1
 
-    def left(self, wait_s: float, budget: DelayBudget | None = None, kind: str | None = None) -> None:
+    def left(self, wait_s: float, budget: DelayBudget | None = None, kind: str | None = None,
+             now_s: float | None = None) -> None:
         """A request (of ``kind``, as it joined) left the queue for a server after waiting ``wait_s``; deducts it
-        from ``budget``."""
+        from ``budget``. ``now_s``: when it got the server (a ``residual`` AQM remembers it)."""
         if self.queue_len <= 0:
             raise RuntimeError(f"BottleneckAQM {self.name!r}: left() with an empty queue.")
         if not self._queued.get(kind):
@@ -243,6 +262,8 @@ class BottleneckAQM:
         self.queue_len -= 1
         self._queued[kind] -= 1
         self.in_service += 1
+        if self.residual and now_s is not None:
+            self._hold_starts.append(now_s)
         if budget is not None:
             budget.deduct(wait_s)
 
@@ -251,6 +272,8 @@ class BottleneckAQM:
         if self.in_service <= 0:
             raise RuntimeError(f"BottleneckAQM {self.name!r}: released() with no item holding a server.")
         self.in_service -= 1
+        if self._hold_starts:
+            self._hold_starts.popleft()  # the longest-running holder (exact with one server)
 
     def __repr__(self) -> str:
         return (f"BottleneckAQM({self.name!r}, servers={self.servers}, queue_len={self.queue_len}, "

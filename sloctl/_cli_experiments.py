@@ -490,8 +490,10 @@ def _print_admission_sim(result: dict) -> None:
     for row in result["sweep"]:
         cells = "  ".join(f"{a} " + "/".join(f"{f:.2f}" for f in r["fraction_of_oracle"].values())
                           for a, r in row["results"].items())
+        ceiling = "".join(f"; {k} ceiling {c:.2f} (the most any admission serves)"
+                          for k, c in row.get("lock_ceiling", {}).items())
         typer.echo(f"  sweep {row['mix']:<16} {row['load_factor']:g}x, fraction of bound per class "
-                   f"({'/'.join(row['oracle']['goodput_per_s'])}): {cells}")
+                   f"({'/'.join(row['oracle']['goodput_per_s'])}): {cells}{ceiling}")
     for mix, entry in result["up_to"].items():
         ratios = entry["ratios"]
         cells = "  ".join(f"vs {b}: " + ", ".join(f"{k} up to {v['ratio']:.2f}x at {v['load_factor']:g}x"
@@ -501,7 +503,10 @@ def _print_admission_sim(result: dict) -> None:
         typer.echo(f"  {mix}: svalinn {cells}; lowest fraction of bound {worst['fraction']:.2f} ({worst['class']} "
                    f"at {worst['load_factor']:g}x)")
     for name, target in result["targets"].items():
-        typer.echo(f"  target {name}: {'met' if target['met'] else 'NOT met'}")
+        beyond = target.get("misses_below_ceiling_0.9")
+        why = (f" ({len(target['misses'])} misses, {len(beyond)} where no policy reaches 0.9)"
+               if beyond is not None and not target["met"] else "")
+        typer.echo(f"  target {name}: {'met' if target['met'] else 'NOT met'}{why}")
     typer.echo(f"m_semaphore re-convergence after a demand change: {result['convergence_ms']:.1f} ms")
     bandit = result["bandit"]
     for name, clean in bandit.get("clean", {}).items():

@@ -129,3 +129,23 @@ def test_behind_a_busy_lock_the_holder_counts_when_in_service_is_tracked():
     assert aqm.expected_wait_s() == 0.0 and aqm.in_service == 0
     with pytest.raises(RuntimeError, match="released"):
         aqm.released()
+
+
+def test_a_residual_aqm_counts_what_is_left_of_the_holders_section():
+    aqm = BottleneckAQM("lock", servers=1, initial_hold_s=10e-6, count_in_service=True, residual=True)
+    aqm.joined()
+    aqm.left(0.0, now_s=1.0)  # got the lock at t = 1 s
+    assert aqm.expected_wait_s(now_s=1.0 + 7e-6) == pytest.approx(3e-6)  # 3 us of its 10 us section left
+    assert aqm.expected_wait_s(now_s=1.0 + 15e-6) == 0.0  # overdue: never negative
+    assert aqm.expected_wait_s() == pytest.approx(10e-6)  # no clock given: a whole section, as before
+    # 4 us of allowance: enough behind 3 us left, not behind a whole section
+    assert not aqm.should_drop(DelayBudget(slo_s=16e-6, expected_service_s=12e-6), now_s=1.0 + 7e-6)
+    whole = BottleneckAQM("lock", servers=1, initial_hold_s=10e-6, count_in_service=True)
+    whole.joined()
+    whole.left(0.0, now_s=1.0)
+    assert whole.should_drop(DelayBudget(slo_s=16e-6, expected_service_s=12e-6), now_s=1.0 + 7e-6)
+    aqm.joined()  # a second request queues behind the holder: its whole section counts too
+    assert aqm.expected_wait_s(now_s=1.0 + 7e-6) == pytest.approx(13e-6)
+    aqm.released()  # the holder let go; the queued one takes the lock at 1.00001 s
+    aqm.left(3e-6, now_s=1.0 + 10e-6)
+    assert aqm.expected_wait_s(now_s=1.0 + 12e-6) == pytest.approx(8e-6)

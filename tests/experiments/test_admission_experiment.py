@@ -28,6 +28,19 @@ def test_the_sweep_grades_every_policy_as_a_fraction_of_the_bound_per_class():
     assert set(targets) == {"svalinn_at_least_0.9_of_oracle", "cpu_vs_single_queue_at_least_0.95_load_50_50",
                             "three_bottleneck_total_beats_both"}
     assert all(isinstance(t["met"], bool) for t in targets.values())
+    assert "lock_ceiling" not in rows[0]  # no lock in the 50/50 mix
+    assert 0.95 < rows[1]["lock_ceiling"]["lock"] <= 1.0  # at 2x the lock can be kept busy
+
+
+def test_at_capacity_no_policy_can_serve_nine_tenths_of_the_lock_bound_and_the_misses_say_so():
+    rows = sweep_experiment(mixes=("three-bottleneck",), loads=(1.0,), approaches=("svalinn",), duration_s=0.01)
+    ceiling = rows[0]["lock_ceiling"]["lock"]
+    assert 0.8 < ceiling < 0.9  # Poisson arrivals at exactly the lock's capacity, 24 us of allowance
+    assert rows[0]["results"]["svalinn"]["fraction_of_oracle"]["lock"] <= ceiling + 0.05
+    target = _targets(rows)["svalinn_at_least_0.9_of_oracle"]
+    lock_miss = [m for m in target["misses"] if m["class"] == "lock"]
+    assert lock_miss and lock_miss[0]["ceiling"] == ceiling
+    assert lock_miss == [m for m in target["misses_below_ceiling_0.9"] if m["class"] == "lock"]
 
 
 @pytest.mark.slow

@@ -184,3 +184,20 @@ def test_svalinn_lock_requests_meet_their_slo_behind_a_hot_lock():
     result = _run("svalinn", 2.0, types=types, capacity=capacity, duration_s=0.02)
     assert result.locks["hot"]["dropped"] > 0 and result.locks["hot"]["waited"] > 0
     assert result.p_latency_s("lock", 0.99) <= lock.slo_s
+
+
+def test_the_lock_ceiling_matches_queueing_theory_where_it_is_known():
+    from sloctl.simulation.server_sim import lock_ceiling_per_s
+
+    # No allowance: a one-server loss system, which serves lambda / (1 + lambda * hold) whatever the holds' law
+    assert lock_ceiling_per_s(1e5, 1e-5, 0.0, seed=3) == pytest.approx(1e5 / 2, rel=0.02)
+    # Room for everything at half load: every arrival is served
+    assert lock_ceiling_per_s(5e4, 1e-5, 1.0, seed=3) == pytest.approx(5e4, rel=0.02)
+    # Far above capacity with an allowance of two sections: the lock never idles
+    assert lock_ceiling_per_s(1e6, 1e-5, 20e-6, seed=3) == pytest.approx(1e5, rel=0.01)
+    # At capacity with two and a half sections of allowance, bursts cost about a sixth of the lock
+    assert 0.8 < lock_ceiling_per_s(1e5, 1e-5, 24e-6, seed=3) / 1e5 < 0.87
+    with pytest.raises(ValueError, match="'allowance_s' parameter of lock_ceiling_per_s"):
+        lock_ceiling_per_s(1e5, 1e-5, -1.0)
+    with pytest.raises(ValueError, match="'hold_s' parameter of lock_ceiling_per_s must be > 0"):
+        lock_ceiling_per_s(1e5, 0.0, 1.0)
