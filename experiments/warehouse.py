@@ -95,6 +95,23 @@ def noise_seed(seed: int, draw: int) -> int:
     return int(np.random.SeedSequence([seed, draw]).generate_state(1)[0])
 
 
+def paired_ratio_interval(mine: list[float], base: list[float], *, level: float = 0.90, resamples: int = 2000,
+                          seed: int = 0) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval of ``mean(mine) / mean(base)`` over paired draws (draw ``k`` of both ran
+    on the same noise), resampling the draw indices; None when the baseline's mean is 0 or there is one draw."""
+    a, b = np.asarray(mine, float), np.asarray(base, float)
+    if len(a) != len(b):
+        raise ValueError(f"paired_ratio_interval needs as many draws of both, got {len(a)} and {len(b)}.")
+    if len(b) < 2 or b.mean() <= 0:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(b), size=(resamples, len(b)))
+    num, den = a[idx].mean(axis=1), b[idx].mean(axis=1)
+    ratios = np.where(den > 0, num / np.where(den > 0, den, 1.0), np.inf)
+    tail = (1 - level) / 2 * 100
+    # no interpolation: a resample whose baseline mean is 0 has an infinite ratio
+    return float(np.percentile(ratios, tail, method="lower")), float(np.percentile(ratios, 100 - tail, method="higher"))
+
+
 def noise_summary(scenarios: list[dict], baseline: str, margin: float = 0.10) -> dict[str, Any]:
     """How far one draw of the world's noise decides "worse than the baseline" (scenarios with ``vr_draws``).
 
@@ -103,6 +120,13 @@ def noise_summary(scenarios: list[dict], baseline: str, margin: float = 0.10) ->
     draws does. ``baseline_vs_itself``: scenarios where another draw of the
     baseline itself exceeds its draw 0 by more than ``margin`` — how often
     the single-draw test would fail the baseline against itself.
+
+    Beyond the noise: the draws are paired (draw ``k`` of every approach
+    runs on the same noise), so :func:`paired_ratio_interval` gives a 90%
+    interval of the approach's mean VR over the baseline's.
+    ``worse_beyond_noise`` counts scenarios whose interval lies above 1 (worse
+    at all, with 90% confidence), ``worse_by_margin_beyond_noise`` those above
+    ``1 + margin``; each scenario's result carries its ``vr_ratio_90``.
     """
     out: dict[str, Any] = {"margin": margin, "draws": len(scenarios[0]["results"][baseline]["vr_draws"]),
                            "scenarios": len(scenarios), "approaches": {}}
@@ -115,14 +139,19 @@ def noise_summary(scenarios: list[dict], baseline: str, margin: float = 0.10) ->
     for approach in scenarios[0]["results"]:
         if approach == baseline:
             continue
-        single = mean = 0
+        single = mean = beyond = beyond_margin = 0
         for s in scenarios:
             base, mine = s["results"][baseline], s["results"][approach]
             if base["vr"] > 0 and mine["vr"] > (1 + margin) * base["vr"]:
                 single += 1
             if base["vr_mean"] > 0 and mine["vr_mean"] > (1 + margin) * base["vr_mean"]:
                 mean += 1
-        out["approaches"][approach] = {"worse_single_draw": single, "worse_mean_of_draws": mean}
+            interval = paired_ratio_interval(mine["vr_draws"], base["vr_draws"])
+            mine["vr_ratio_90"] = list(interval) if interval is not None else None
+            beyond += interval is not None and interval[0] > 1.0
+            beyond_margin += interval is not None and interval[0] > 1.0 + margin
+        out["approaches"][approach] = {"worse_single_draw": single, "worse_mean_of_draws": mean,
+                                       "worse_beyond_noise": beyond, "worse_by_margin_beyond_noise": beyond_margin}
     return out
 
 

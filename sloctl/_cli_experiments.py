@@ -112,7 +112,9 @@ def experiment_router_cmd(
                    f"worse than its own first draw in {noise['baseline_vs_itself']} of {noise['scenarios']} scenarios")
         for approach, n in noise["approaches"].items():
             typer.echo(f"  {approach:<12} more than 10% worse: {n['worse_single_draw']} on the first draw, "
-                       f"{n['worse_mean_of_draws']} on the mean of the draws")
+                       f"{n['worse_mean_of_draws']} on the mean of the draws, {n['worse_by_margin_beyond_noise']} "
+                       f"beyond the noise (paired 90% interval of the VR ratio above 1.1); worse at all beyond "
+                       f"the noise: {n['worse_beyond_noise']}")
 
 
 def _plot_scenarios(result: dict, path: Path, title: str) -> None:

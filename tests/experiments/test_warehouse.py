@@ -133,4 +133,29 @@ def test_noise_summary_counts_single_draw_and_mean_losses():
                  scenario([0.0, 0.1], [0.2, 0.3])]  # zero first draw: no single-draw test; means count
     summary = noise_summary(scenarios, "rr")
     assert summary["baseline_vs_itself"] == 1
-    assert summary["approaches"]["x"] == {"worse_single_draw": 1, "worse_mean_of_draws": 1}
+    # beyond the noise only the third: worse on both of its draws (the first is worse on one, better on the other)
+    assert summary["approaches"]["x"] == {"worse_single_draw": 1, "worse_mean_of_draws": 1,
+                                          "worse_beyond_noise": 1, "worse_by_margin_beyond_noise": 1}
+    assert scenarios[0]["results"]["x"]["vr_ratio_90"][0] < 1.0
+    assert scenarios[1]["results"]["x"]["vr_ratio_90"][1] <= 1.0  # never worse on any resample
+    assert scenarios[2]["results"]["x"]["vr_ratio_90"][0] > 1.1
+
+
+def test_a_loss_beyond_the_noise_needs_the_paired_draws_to_agree():
+    from sloctl.experiments.warehouse import paired_ratio_interval
+
+    base = [0.30, 0.20, 0.25, 0.35, 0.28, 0.22, 0.31, 0.26]
+    steady = [v * 1.5 for v in base]  # 50% worse on every draw: clearly worse, and by more than 10%
+    lo, hi = paired_ratio_interval(steady, base)
+    assert lo == pytest.approx(1.5) and hi == pytest.approx(1.5)
+    mixed = [0.45, 0.15, 0.25, 0.50, 0.20, 0.24, 0.33, 0.27]  # worse on the mean (+9%), not on every draw
+    lo, hi = paired_ratio_interval(mixed, base)
+    assert lo < 1.0 < hi
+    scenario = {"results": {"rr": {"vr": base[0], "vr_draws": base, "vr_mean": sum(base) / 8},
+                            "x": {"vr": steady[0], "vr_draws": steady, "vr_mean": sum(steady) / 8}}}
+    summary = noise_summary([scenario], "rr")
+    assert summary["approaches"]["x"]["worse_beyond_noise"] == 1
+    assert summary["approaches"]["x"]["worse_by_margin_beyond_noise"] == 1
+    assert paired_ratio_interval([0.1], [0.2]) is None  # one draw: no interval
+    with pytest.raises(ValueError, match="as many draws"):
+        paired_ratio_interval([0.1, 0.2], [0.2])
