@@ -48,9 +48,9 @@ def test_a_tiny_live_run_of_every_control_ends_within_its_bound_and_accounts_for
         for counts in run["endpoints"].values():
             assert counts["sent"] == sum(counts[k] for k in ("ok", "refused", "client_dropped", "timed_out",
                                                              "errors"))
-        # the server's own clock saw exactly the answers the client got back as 200
+        # the server's own clock saw every 200 the client got (and at most those the client gave up on besides)
         for path, counts in run["endpoints"].items():
-            assert run["server"][path]["ok"] == counts["ok"]
+            assert counts["ok"] <= run["server"][path]["ok"] <= counts["ok"] + counts["timed_out"] + counts["errors"]
     alone = result["cpu_alone"]
     assert [r["seed"] for r in alone] == [0] and set(alone[0]["endpoints"]) == {"/cpu"}  # no flood
     assert alone[0]["server"]["/mem"]["ok"] == alone[0]["server"]["/lock"]["ok"] == 0
