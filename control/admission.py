@@ -354,6 +354,9 @@ class MemoryGate(AdmitAll):
                 "msem_queued": self.msem_.queued, "mem_hold_s": self.hold_s_}
 
 
+_GAP_EWMA = 0.05  # weight of the newest gap between arrivals at a lock (about the last 20 arrivals)
+
+
 class Svalinn(AdmitAll):
     """Svalinn (§4): credits for total throughput, AQM per bottleneck, a bandit-sized m_semaphore.
 
@@ -389,11 +392,31 @@ class Svalinn(AdmitAll):
             got the lock) instead of a whole section; False is the rule before
             2026-12-03 (the three-bottleneck lock class 0.83 → 0.85 of the bound
             at 1×, about what a clairvoyant admission serves; docs/admission_sim.md).
+        lock_reserve_holds: at the run queue, a request that will take a lock
+            (its type names one, ``rtype.lock``) is judged with this many of the
+            lock's mean holds kept back from its budget, so that it reaches the
+            lock with time left to wait there; 0 keeps nothing back.
+        lock_spin_gaps: while requests wait for a core, a lock admits a waiter
+            only if its expected wait is at most this many mean gaps between
+            arrivals at the lock: a waiter spins on its core, and a later
+            arrival would likely take the lock with less spinning. None admits
+            every waiter whose budget allows. (Both since 2026-12-03: in the
+            three-bottleneck mix the lock class 0.84–0.89 → 0.91–0.93 of the bound
+            at 3–6×, the CPU class at 2× 0.89 → 0.86–0.87; docs/admission_sim.md.)
     """
 
     def __init__(self, credits: CreditController, cpu_aqm: BottleneckAQM, memory: MemoryGate,
-                 expected_service_s: Mapping[str, float] | None = None, lock_residual: bool = True) -> None:
+                 expected_service_s: Mapping[str, float] | None = None, lock_residual: bool = True,
+                 lock_reserve_holds: float = 1.0, lock_spin_gaps: float | None = 2.0) -> None:
+        if not (math.isfinite(lock_reserve_holds) and lock_reserve_holds >= 0):
+            raise ValueError(f"The 'lock_reserve_holds' parameter of Svalinn must be >= 0, got {lock_reserve_holds!r}.")
+        if lock_spin_gaps is not None and not (math.isfinite(lock_spin_gaps) and lock_spin_gaps > 0):
+            raise ValueError(f"The 'lock_spin_gaps' parameter of Svalinn must be > 0 or None, got {lock_spin_gaps!r}.")
         self.lock_residual = bool(lock_residual)
+        self.lock_reserve_holds = float(lock_reserve_holds)
+        self.lock_spin_gaps = lock_spin_gaps
+        self._lock_last_s: dict[str, float] = {}  # per lock: the last arrival at it
+        self._lock_gap_s: dict[str, float] = {}  # per lock: EWMA of the gaps between arrivals at it
         self.credits_ = credits
         self.cpu_aqm_ = cpu_aqm
         self.memory_ = memory
@@ -405,7 +428,8 @@ class Svalinn(AdmitAll):
                    priorities: Mapping[str, int] | None = None, utility: Utility | None = None,
                    static_capacity: int | None = None, credit_kwargs: Mapping[str, Any] | None = None,
                    tuner_kwargs: Mapping[str, Any] | None = None, seed: int = 0,
-                   shares: Mapping[str, float] | None = None, lock_residual: bool = True) -> Svalinn:
+                   shares: Mapping[str, float] | None = None, lock_residual: bool = True,
+                   lock_reserve_holds: float = 1.0, lock_spin_gaps: float | None = 2.0) -> Svalinn:
         """Svalinn for a server with ``cores`` cores and peak memory bandwidth ``max_bandwidth_bytes_per_s``.
 
         The run queue's AQM has ``cores`` servers; the m_semaphore's
@@ -424,7 +448,7 @@ class Svalinn(AdmitAll):
             credit_kwargs, tuner_kwargs: passed on to the controller and the tuner.
             seed: seeds the credit experiments and the tuner.
             shares: credit share per class name (default 1 each; see ``ClassShare``).
-            lock_residual: see the class's argument.
+            lock_residual, lock_reserve_holds, lock_spin_gaps: see the class's arguments.
         """
         priorities = dict(priorities or {})
         shares = dict(shares or {})
@@ -435,7 +459,7 @@ class Svalinn(AdmitAll):
                                    **{"initial_capacity": cores, **dict(tuner_kwargs or {})})
         memory = MemoryGate(static_capacity, tuner, tune=static_capacity is None)
         return cls(credits, BottleneckAQM("cpu", servers=cores, protect_tightest=True), memory, expected_service_s,
-                   lock_residual=lock_residual)
+                   lock_residual=lock_residual, lock_reserve_holds=lock_reserve_holds, lock_spin_gaps=lock_spin_gaps)
 
     # -- the parts, under the names drivers and reports read -------------------------
 
@@ -486,10 +510,34 @@ class Svalinn(AdmitAll):
     def on_enqueue(self, req: AdmissionRequest, bottleneck: str, queue_len: int, now_s: float) -> bool:
         aqm = self._aqm(bottleneck)
         kind = self._kind(bottleneck, req)
-        if aqm.should_drop(req.ctx["budget"], kind, now_s):
+        reserve_s = 0.0
+        if bottleneck == "cpu":
+            lock = getattr(req.rtype, "lock", None)
+            if lock is not None and self.lock_reserve_holds > 0:
+                reserve_s = self.lock_reserve_holds * self._aqm(lock).mean_hold_s
+        elif self.lock_spin_gaps is not None and self._spins_too_long(aqm, bottleneck, now_s):
+            req.ctx["budget"].drop()
+            aqm.drops += 1
+            return False
+        if aqm.should_drop(req.ctx["budget"], kind, now_s, reserve_s=reserve_s):
             return False
         aqm.joined(kind)
         return True
+
+    def _spins_too_long(self, aqm: BottleneckAQM, lock: str, now_s: float) -> bool:
+        """Whether a newcomer at ``lock`` would spin longer than ``lock_spin_gaps`` mean gaps between arrivals
+        there while requests wait for a core (a later arrival would likely take the lock sooner)."""
+        last = self._lock_last_s.get(lock)
+        self._lock_last_s[lock] = now_s
+        if last is not None:
+            gap = now_s - last
+            old = self._lock_gap_s.get(lock)
+            self._lock_gap_s[lock] = gap if old is None else _GAP_EWMA * gap + (1 - _GAP_EWMA) * old
+        mean_gap = self._lock_gap_s.get(lock)
+        if mean_gap is None or self.cpu_aqm_.queue_len == 0:
+            return False  # no estimate yet, or idle cores: spinning costs no one
+        wait_s = aqm.expected_wait_s(now_s=now_s)
+        return wait_s > 0 and wait_s > self.lock_spin_gaps * mean_gap
 
     def on_dequeue(self, req: AdmissionRequest, bottleneck: str, wait_s: float, now_s: float) -> None:
         aqm = self._aqm(bottleneck)

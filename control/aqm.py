@@ -225,19 +225,24 @@ class BottleneckAQM:
         old = self._kind_budget_s.get(kind)
         self._kind_budget_s[kind] = budget_s if old is None else self.ewma * budget_s + (1 - self.ewma) * old
 
-    def should_drop(self, budget: DelayBudget, kind: str | None = None, now_s: float | None = None) -> bool:
+    def should_drop(self, budget: DelayBudget, kind: str | None = None, now_s: float | None = None,
+                    reserve_s: float = 0.0) -> bool:
         """True (and the budget is dropped, running its cleanups) when the wait would exceed the budget.
 
         With ``protect_tightest``, also when it would exceed the tightest
         budget among the kinds using the queue (:meth:`target_s`; ``kind``
-        names the newcomer's). A request already dropped elsewhere is
+        names the newcomer's). ``reserve_s``: budget the request keeps for a
+        later bottleneck; it is judged (and its kind's budget counted) as if
+        it had that much less. A request already dropped elsewhere is
         refused again without being counted twice.
         """
         if budget.dropped:
             return True
-        allowed = budget.remaining_s
+        if not (math.isfinite(reserve_s) and reserve_s >= 0):
+            raise ValueError(f"The 'reserve_s' parameter of BottleneckAQM.should_drop must be >= 0, got {reserve_s!r}.")
+        allowed = budget.remaining_s - reserve_s
         if self.protect_tightest and kind is not None:
-            self._saw(kind, budget.remaining_s)
+            self._saw(kind, allowed)
             allowed = min(allowed, self.target_s())
         if self.expected_wait_s(now_s=now_s) > allowed:
             self.drops += 1

@@ -416,3 +416,60 @@ def test_a_kind_that_stopped_arriving_no_longer_sets_the_run_queues_target():
     for bad in ({"activity": 0.0}, {"min_share": 1.5}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             BottleneckAQM("cpu", **bad)
+
+
+def _lock_svalinn(**kwargs):
+    credits = CreditController(initial_credits=1000, min_credits=1000, max_credits=1000, seed=0)
+    return Svalinn(credits, BottleneckAQM("cpu", servers=1), MemoryGate(2), {"lk": 12e-6}, **kwargs)
+
+
+def _lock_request(svalinn, t, slo_s=36e-6):
+    req = InFlightRequest(RequestType("lk", "be", cpu_s=2e-6, lock="hot", lock_s=10e-6, slo_s=slo_s), t)
+    assert svalinn.on_arrival(req, t)
+    return req
+
+
+def test_a_request_that_will_take_a_lock_keeps_one_section_of_budget_for_it_at_the_run_queue():
+    for holds, admitted in ((0.0, True), (1.0, False)):
+        svalinn = _lock_svalinn(lock_reserve_holds=holds, lock_spin_gaps=None)
+        svalinn._aqm("hot").observe_hold(10e-6)  # the lock's sections: 10 us
+        svalinn.cpu_aqm_.observe_hold(20e-6, "x")
+        svalinn.cpu_aqm_.joined("x")  # 20 us of work queued ahead on the one core
+        # 24 us of budget: the 20 us run-queue wait fits it, not with 10 us kept back for the lock
+        assert svalinn.on_enqueue(_lock_request(svalinn, 0.0), "cpu", 1, 0.0) is admitted
+    with pytest.raises(ValueError, match="'reserve_s'"):
+        BottleneckAQM("cpu").should_drop(DelayBudget(1.0), reserve_s=-1.0)
+    for bad in ({"lock_reserve_holds": -1.0}, {"lock_spin_gaps": 0.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            _lock_svalinn(**bad)
+
+
+def test_a_lock_refuses_a_long_spin_only_while_requests_wait_for_a_core():
+    def busy_lock(queued_for_core: bool):
+        svalinn = _lock_svalinn(lock_reserve_holds=0.0)
+        hot = svalinn._aqm("hot")
+        hot.observe_hold(10e-6)
+        if queued_for_core:
+            svalinn.cpu_aqm_.joined("x")
+        t = 0.0
+        for _ in range(30):  # arrivals at the lock every 2 us; each takes the free lock and lets it go
+            req = _lock_request(svalinn, t)
+            assert svalinn.on_enqueue(req, "hot", 0, t)
+            svalinn.on_dequeue(req, "hot", 0.0, t)
+            svalinn.on_release(req, "hot", t)
+            t += 2e-6
+        holder = _lock_request(svalinn, t)
+        assert svalinn.on_enqueue(holder, "hot", 0, t)
+        svalinn.on_dequeue(holder, "hot", 0.0, t)  # holds the lock for 10 us from t
+        return svalinn, t
+
+    # 9 us left of the holder's section: 4.5 mean gaps of 2 us, more than the 2 allowed
+    svalinn, t = busy_lock(queued_for_core=True)
+    late = _lock_request(svalinn, t + 1e-6)
+    assert not svalinn.on_enqueue(late, "hot", 0, t + 1e-6) and late.ctx["budget"].dropped
+    # 3 us left (1.5 gaps): this waiter is worth its spin
+    svalinn, t = busy_lock(queued_for_core=True)
+    assert svalinn.on_enqueue(_lock_request(svalinn, t + 7e-6), "hot", 0, t + 7e-6)
+    # idle cores: spinning costs no one, the budget alone decides
+    svalinn, t = busy_lock(queued_for_core=False)
+    assert svalinn.on_enqueue(_lock_request(svalinn, t + 1e-6), "hot", 0, t + 1e-6)
