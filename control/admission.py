@@ -354,9 +354,6 @@ class MemoryGate(AdmitAll):
                 "msem_queued": self.msem_.queued, "mem_hold_s": self.hold_s_}
 
 
-_GAP_EWMA = 0.05  # weight of the newest gap between arrivals at a lock (about the last 20 arrivals)
-
-
 class Svalinn(AdmitAll):
     """Svalinn (§4): credits for total throughput, AQM per bottleneck, a bandit-sized m_semaphore.
 
@@ -415,8 +412,6 @@ class Svalinn(AdmitAll):
         self.lock_residual = bool(lock_residual)
         self.lock_reserve_holds = float(lock_reserve_holds)
         self.lock_spin_gaps = lock_spin_gaps
-        self._lock_last_s: dict[str, float] = {}  # per lock: the last arrival at it
-        self._lock_gap_s: dict[str, float] = {}  # per lock: EWMA of the gaps between arrivals at it
         self.credits_ = credits
         self.cpu_aqm_ = cpu_aqm
         self.memory_ = memory
@@ -515,29 +510,22 @@ class Svalinn(AdmitAll):
             lock = getattr(req.rtype, "lock", None)
             if lock is not None and self.lock_reserve_holds > 0:
                 reserve_s = self.lock_reserve_holds * self._aqm(lock).mean_hold_s
-        elif self.lock_spin_gaps is not None and self._spins_too_long(aqm, bottleneck, now_s):
-            req.ctx["budget"].drop()
-            aqm.drops += 1
+        elif self.lock_spin_gaps is not None and self._spins_too_long(aqm, now_s):
+            aqm.refuse(req.ctx["budget"])
             return False
         if aqm.should_drop(req.ctx["budget"], kind, now_s, reserve_s=reserve_s):
             return False
         aqm.joined(kind)
         return True
 
-    def _spins_too_long(self, aqm: BottleneckAQM, lock: str, now_s: float) -> bool:
-        """Whether a newcomer at ``lock`` would spin longer than ``lock_spin_gaps`` mean gaps between arrivals
-        there while requests wait for a core (a later arrival would likely take the lock sooner)."""
-        last = self._lock_last_s.get(lock)
-        self._lock_last_s[lock] = now_s
-        if last is not None:
-            gap = now_s - last
-            old = self._lock_gap_s.get(lock)
-            self._lock_gap_s[lock] = gap if old is None else _GAP_EWMA * gap + (1 - _GAP_EWMA) * old
-        mean_gap = self._lock_gap_s.get(lock)
-        if mean_gap is None or self.cpu_aqm_.queue_len == 0:
+    def _spins_too_long(self, aqm: BottleneckAQM, now_s: float) -> bool:
+        """Whether a newcomer at the lock ``aqm`` guards would spin longer than ``lock_spin_gaps`` mean gaps
+        between arrivals there while requests wait for a core (a later arrival would likely take it sooner)."""
+        aqm.arrived(now_s)
+        if aqm.mean_gap_s is None or self.cpu_aqm_.queue_len == 0:
             return False  # no estimate yet, or idle cores: spinning costs no one
         wait_s = aqm.expected_wait_s(now_s=now_s)
-        return wait_s > 0 and wait_s > self.lock_spin_gaps * mean_gap
+        return wait_s > 0 and wait_s > self.lock_spin_gaps * aqm.mean_gap_s
 
     def on_dequeue(self, req: AdmissionRequest, bottleneck: str, wait_s: float, now_s: float) -> None:
         aqm = self._aqm(bottleneck)

@@ -93,6 +93,9 @@ class DelayBudget:
         return f"DelayBudget(slo_s={self.slo_s}, remaining_s={self.remaining_s:.6g}, dropped={self._dropped})"
 
 
+_GAP_EWMA = 0.05  # weight of the newest gap between arrivals (about the last 20 arrivals)
+
+
 class BottleneckAQM:
     """Drop-before-enqueue AQM for one bottleneck (Svalinn §4.2).
 
@@ -181,6 +184,8 @@ class BottleneckAQM:
         self.drops = 0
         self.admitted = 0
         self._samples = 0
+        self.mean_gap_s: float | None = None  # EWMA of the gaps between arrivals noted with ``arrived``
+        self._last_arrival_s: float | None = None
         self._queued: dict[str | None, int] = {}  # queued items per kind
         self._kind_hold_s: dict[str, float] = {}  # EWMA of holds per kind
 
@@ -245,10 +250,23 @@ class BottleneckAQM:
             self._saw(kind, allowed)
             allowed = min(allowed, self.target_s())
         if self.expected_wait_s(now_s=now_s) > allowed:
-            self.drops += 1
-            budget.drop()
+            self.refuse(budget)
             return True
         return False
+
+    def refuse(self, budget: DelayBudget) -> None:
+        """Count a drop at this bottleneck and drop ``budget`` (running its cleanups), whatever the rule that
+        refused it."""
+        self.drops += 1
+        budget.drop()
+
+    def arrived(self, now_s: float) -> None:
+        """A request reached the bottleneck at ``now_s``: updates :attr:`mean_gap_s` (an EWMA of the gaps
+        between arrivals, weight 0.05 on the newest)."""
+        if self._last_arrival_s is not None:
+            gap = now_s - self._last_arrival_s
+            self.mean_gap_s = gap if self.mean_gap_s is None else _GAP_EWMA * gap + (1 - _GAP_EWMA) * self.mean_gap_s
+        self._last_arrival_s = now_s
 
     def joined(self, kind: str | None = None) -> None:
         """A request (of ``kind``) entered the queue."""

@@ -625,15 +625,13 @@ def live_experiment(*, duration_s: float = 60.0, seeds: Sequence[int] = (0, 1, 2
                 alone_runs.append({"seed": seed, **one_run("none", seed, {"/cpu": rates["/cpu"]})})
             for control in controls:
                 runs.append({"control": control, "seed": seed, **one_run(control, seed, rates)})
-    summary: dict[str, Any] = {}
-    for control in controls:
-        mine = [r for r in runs if r["control"] == control]
-        summary[control] = {p: {"goodput_per_s": statistics.mean(r["endpoints"][p]["goodput_per_s"] for r in mine),
-                                "p99_s": max(r["endpoints"][p]["p99_s"] for r in mine)} for p in ENDPOINTS}
+    def summarize(mine: Sequence[Mapping[str, Any]], paths: Sequence[str]) -> dict[str, Any]:
+        return {p: {"goodput_per_s": statistics.mean(r["endpoints"][p]["goodput_per_s"] for r in mine),
+                    "p99_s": max(r["endpoints"][p]["p99_s"] for r in mine)} for p in paths}
+
+    summary: dict[str, Any] = {c: summarize([r for r in runs if r["control"] == c], ENDPOINTS) for c in controls}
     if alone_runs:
-        summary["cpu_alone"] = {"/cpu": {
-            "goodput_per_s": statistics.mean(r["endpoints"]["/cpu"]["goodput_per_s"] for r in alone_runs),
-            "p99_s": max(r["endpoints"]["/cpu"]["p99_s"] for r in alone_runs)}}
+        summary["cpu_alone"] = summarize(alone_runs, ("/cpu",))
     ratios = []
     for seed in seeds:
         good = {r["control"]: r["endpoints"]["/cpu"]["goodput_per_s"] for r in runs if r["seed"] == seed}
