@@ -424,7 +424,8 @@ class Svalinn(AdmitAll):
                    static_capacity: int | None = None, credit_kwargs: Mapping[str, Any] | None = None,
                    tuner_kwargs: Mapping[str, Any] | None = None, seed: int = 0,
                    shares: Mapping[str, float] | None = None, lock_residual: bool = True,
-                   lock_reserve_holds: float = 1.0, lock_spin_gaps: float | None = 2.0) -> Svalinn:
+                   lock_reserve_holds: float = 1.0, lock_spin_gaps: float | None = 2.0,
+                   run_queue_target_scale: float = 1.0) -> Svalinn:
         """Svalinn for a server with ``cores`` cores and peak memory bandwidth ``max_bandwidth_bytes_per_s``.
 
         The run queue's AQM has ``cores`` servers; the m_semaphore's
@@ -444,6 +445,10 @@ class Svalinn(AdmitAll):
             seed: seeds the credit experiments and the tuner.
             shares: credit share per class name (default 1 each; see ``ClassShare``).
             lock_residual, lock_reserve_holds, lock_spin_gaps: see the class's arguments.
+            run_queue_target_scale: the run queue's AQM holds every newcomer to
+                this multiple (>= 1) of the tightest budget among the request
+                types using it (``BottleneckAQM(tightest_scale=)``); above 1 the
+                tightest type gives up part of the queue to the others.
         """
         priorities = dict(priorities or {})
         shares = dict(shares or {})
@@ -453,7 +458,8 @@ class Svalinn(AdmitAll):
         tuner = EpsilonGreedyTuner(cores, max_bandwidth_bytes_per_s, seed=seed,
                                    **{"initial_capacity": cores, **dict(tuner_kwargs or {})})
         memory = MemoryGate(static_capacity, tuner, tune=static_capacity is None)
-        return cls(credits, BottleneckAQM("cpu", servers=cores, protect_tightest=True), memory, expected_service_s,
+        run_queue = BottleneckAQM("cpu", servers=cores, protect_tightest=True, tightest_scale=run_queue_target_scale)
+        return cls(credits, run_queue, memory, expected_service_s,
                    lock_residual=lock_residual, lock_reserve_holds=lock_reserve_holds, lock_spin_gaps=lock_spin_gaps)
 
     # -- the parts, under the names drivers and reports read -------------------------

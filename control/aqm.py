@@ -129,7 +129,10 @@ class BottleneckAQM:
     the recent arrivals). On one FIFO a loose-budget request admitted into a
     long queue lengthens the wait of every tight-budget request behind it;
     judged by its own budget alone, the loosest kind sets the queue's length
-    and the tightest kind is refused at every arrival.
+    and the tightest kind is refused at every arrival. ``tightest_scale``
+    (>= 1) loosens that target to a multiple of the tightest budget: it
+    trades the tightest kind's share of the queue for the others' (the
+    frontier experiment, docs/admission_sim.md, measures the trade).
 
     Protocol per request: ``should_drop(budget, kind)`` → if False,
     ``joined(kind)``; when it reaches a server, ``left(wait_s, budget,
@@ -151,11 +154,14 @@ class BottleneckAQM:
             the last ``1 / activity`` arrivals count).
         min_share: a kind with a smaller share of the recent arrivals does
             not set the queue's target.
+        tightest_scale: with ``protect_tightest``, the target is this
+            multiple (>= 1) of the tightest budget; 1 holds every newcomer to
+            the tightest budget itself.
     """
 
     def __init__(self, name: str, servers: int = 1, ewma: float = 0.2, initial_hold_s: float = 0.0,
                  count_in_service: bool = False, protect_tightest: bool = False, activity: float = 0.001,
-                 min_share: float = 0.02, residual: bool = False) -> None:
+                 min_share: float = 0.02, residual: bool = False, tightest_scale: float = 1.0) -> None:
         if not (isinstance(servers, numbers.Integral) and not isinstance(servers, bool) and servers >= 1):
             raise ValueError(f"The 'servers' parameter of BottleneckAQM must be an integer >= 1, got {servers!r}.")
         if not 0.0 < ewma <= 1.0:
@@ -167,7 +173,11 @@ class BottleneckAQM:
             raise ValueError(f"The 'activity' parameter of BottleneckAQM must be in (0, 1], got {activity!r}.")
         if not 0.0 <= min_share <= 1.0:
             raise ValueError(f"The 'min_share' parameter of BottleneckAQM must be in [0, 1], got {min_share!r}.")
+        if not (math.isfinite(tightest_scale) and tightest_scale >= 1.0):
+            raise ValueError(f"The 'tightest_scale' parameter of BottleneckAQM must be a number >= 1, "
+                             f"got {tightest_scale!r}.")
         self.name = name
+        self.tightest_scale = float(tightest_scale)
         self.servers = int(servers)
         self.protect_tightest = bool(protect_tightest)
         self.activity = float(activity)
@@ -218,9 +228,10 @@ class BottleneckAQM:
         return queued / self.servers
 
     def target_s(self) -> float:
-        """The tightest budget among the kinds that use the queue (``inf`` when none is known yet)."""
+        """The tightest budget among the kinds that use the queue, times ``tightest_scale`` (``inf`` when none
+        is known yet)."""
         active = [b for kind, b in self._kind_budget_s.items() if self._kind_share.get(kind, 0.0) >= self.min_share]
-        return min(active, default=math.inf)
+        return self.tightest_scale * min(active, default=math.inf)
 
     def _saw(self, kind: str, budget_s: float) -> None:
         decay = 1.0 - self.activity

@@ -40,9 +40,9 @@ from sloctl.simulation.server_sim import (
     simulate,
 )
 
-__all__ = ["APPROACHES", "MIXES", "SWEEP_LOADS", "admission_experiment", "bus_loss_sensitivity", "make_policy",
-           "mix_workload", "plot_admission", "sweep_experiment", "synthetic_workload", "three_bottleneck_workload",
-           "up_to_figures"]
+__all__ = ["APPROACHES", "FRONTIER_LOADS", "FRONTIER_SCALES", "FRONTIER_SPIN_GAPS", "MIXES", "SWEEP_LOADS",
+           "admission_experiment", "bus_loss_sensitivity", "frontier_experiment", "make_policy", "mix_workload",
+           "plot_admission", "sweep_experiment", "synthetic_workload", "three_bottleneck_workload", "up_to_figures"]
 
 APPROACHES = ("none", "single-queue", "seda", "protego", "svalinn")
 SLO_MULTIPLE = 3.0  # SLO = 3 × isolated service time, for both types
@@ -193,6 +193,115 @@ def _lock_ceilings(types: Sequence[RequestType], config: ServerConfig, rate_per_
         limit = bound.goodput_per_s.get(t.name, 0.0)
         out[t.name] = min(1.0, served / limit) if limit > 0 else math.nan
     return out
+
+
+FRONTIER_LOADS = (2.0, 3.0, 6.0)
+FRONTIER_SCALES = (1.0, 1.1, 1.2, 1.3, 1.4, 1.5)
+FRONTIER_SPIN_GAPS = (1.0, 1.5, 2.0, 3.0)
+
+
+def frontier_experiment(*, mix: str = "three-bottleneck", loads: Sequence[float] = FRONTIER_LOADS,
+                        scales: Sequence[float] = FRONTIER_SCALES, spin_gaps: Sequence[float] = FRONTIER_SPIN_GAPS,
+                        seeds: Sequence[int] = (0,), duration_s: float = 0.1, workers: int = 1,
+                        on_progress: OnProgress | None = None) -> dict[str, Any]:
+    """What Svalinn can trade between classes: its fractions of the bound over a grid of its two levers.
+
+    The levers: the run queue's target as a multiple of the tightest budget
+    (``run_queue_target_scale``: above 1 the tight-budget class gives up part
+    of the run queue to the others) and how long a lock waiter may spin while
+    cores are short (``lock_spin_gaps``: shorter frees cores and idles the
+    lock more). Every setting runs at every load on every seed, graded
+    against the bound like the sweep; a setting's ``worst_fraction`` is its
+    smallest fraction of the bound over the classes and seeds.
+
+    ``workers`` > 1 runs the runs in that many processes (each run is seeded, so the result is the same).
+    ``on_progress(done, total)`` after each run, ``total`` = loads × scales × spin gaps × seeds.
+
+    Returns:
+        ``{"mix", "duration_s", "seeds", "rows": [{"load_factor", "run_queue_target_scale", "lock_spin_gaps",
+        "fraction_of_oracle": {class: [per seed]}, "mean_fraction": {class: mean}, "worst_fraction",
+        "total_goodput_per_s": [per seed]}], "best_per_load": {load: the row (setting) with the largest
+        worst_fraction}, "best_everywhere": {"run_queue_target_scale", "lock_spin_gaps", "worst_fraction",
+        "per_load"}, "lock_ceiling": {load: {class: fraction}}}`` (the lock ceilings of the first seed: the
+        most of its bound any admission serves, see :func:`sweep_experiment`).
+    """
+    for label, values, low in (("loads", loads, 0.0), ("spin_gaps", spin_gaps, 0.0)):
+        if not values or any(not (math.isfinite(v) and v > low) for v in values):
+            raise ValueError(f"The '{label}' parameter of frontier_experiment must be numbers > 0, got {values!r}.")
+    if not scales or any(not (math.isfinite(v) and v >= 1.0) for v in scales):
+        raise ValueError(f"The 'scales' parameter of frontier_experiment must be numbers >= 1, got {scales!r}.")
+    if not seeds:
+        raise ValueError("The 'seeds' parameter of frontier_experiment must name at least one seed.")
+    if not (isinstance(workers, int) and workers >= 1):
+        raise ValueError(f"The 'workers' parameter of frontier_experiment must be an integer >= 1, got {workers!r}.")
+    config = ServerConfig()
+    types = mix_workload(mix, config)
+    capacity, _ = capacity_per_s(types, config)
+    cells = [(float(load), float(scale), float(gaps), int(seed))
+             for load in loads for scale in scales for gaps in spin_gaps for seed in seeds]
+    results: dict[tuple[float, float, float, int], dict[str, Any]] = {}
+    if on_progress is not None:
+        on_progress(0, len(cells))
+
+    def done(cell: tuple[float, float, float, int], summary: dict[str, Any]) -> None:
+        results[cell] = summary
+        if on_progress is not None:
+            on_progress(len(results), len(cells))
+
+    if workers == 1:
+        for cell in cells:
+            done(cell, _frontier_cell(mix, *cell, duration_s))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {pool.submit(_frontier_cell, mix, *cell, duration_s): cell for cell in cells}
+            for future in as_completed(futures):
+                done(futures[future], future.result())
+    rows, ceilings = [], {}
+    for load in dict.fromkeys(float(v) for v in loads):
+        bound = oracle_bound(types, config, load * capacity)
+        ceiling = _lock_ceilings(types, config, load * capacity, bound, seeds[0])
+        if ceiling:
+            ceilings[load] = ceiling
+        for scale in dict.fromkeys(float(v) for v in scales):
+            for gaps in dict.fromkeys(float(v) for v in spin_gaps):
+                fractions: dict[str, list[float]] = {}
+                for seed in seeds:
+                    for klass, frac in results[(load, scale, gaps, int(seed))]["fraction_of_oracle"].items():
+                        if not math.isnan(frac):
+                            fractions.setdefault(klass, []).append(frac)
+                rows.append({"load_factor": load, "run_queue_target_scale": scale, "lock_spin_gaps": gaps,
+                             "fraction_of_oracle": fractions,
+                             "mean_fraction": {k: sum(v) / len(v) for k, v in fractions.items()},
+                             "worst_fraction": min(min(v) for v in fractions.values()),
+                             "total_goodput_per_s": [results[(load, scale, gaps, int(seed))]["total_goodput_per_s"]
+                                                     for seed in seeds]})
+    best_per_load = {}
+    for load in dict.fromkeys(r["load_factor"] for r in rows):
+        best_per_load[load] = max((r for r in rows if r["load_factor"] == load), key=lambda r: r["worst_fraction"])
+    settings: dict[tuple[float, float], dict[float, float]] = {}
+    for r in rows:
+        settings.setdefault((r["run_queue_target_scale"], r["lock_spin_gaps"]), {})[r["load_factor"]] = \
+            r["worst_fraction"]
+    (scale, gaps), per_load = max(settings.items(), key=lambda item: min(item[1].values()))
+    return {"mix": mix, "duration_s": duration_s, "seeds": list(seeds), "workers": workers, "rows": rows,
+            "best_per_load": best_per_load,
+            "best_everywhere": {"run_queue_target_scale": scale, "lock_spin_gaps": gaps,
+                                "worst_fraction": min(per_load.values()), "per_load": per_load},
+            "lock_ceiling": ceilings}
+
+
+def _frontier_cell(mix: str, load: float, scale: float, gaps: float, seed: int, duration_s: float
+                   ) -> dict[str, Any]:
+    """One run of :func:`frontier_experiment` (top level, so that a process pool can run it)."""
+    config = ServerConfig()
+    types = mix_workload(mix, config)
+    capacity, _ = capacity_per_s(types, config)
+    result, _ = _run("svalinn", types, config, capacity, load, seed, duration_s, run_queue_target_scale=scale,
+                     lock_spin_gaps=gaps)
+    return _summary(result, oracle_bound(types, config, load * capacity))
 
 
 def up_to_figures(rows: Sequence[dict[str, Any]], *, policy: str = "svalinn") -> dict[str, Any]:

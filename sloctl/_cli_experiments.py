@@ -527,6 +527,60 @@ def _print_admission_sim(result: dict) -> None:
             typer.echo(f"  γ {row['loss']:.1f}: {cells}")
 
 
+@experiment_app.command("admission-frontier")
+def experiment_admission_frontier_cmd(
+    loads: str = typer.Option("2,3,6", help="Loads, x capacity, comma-separated."),
+    scales: str = typer.Option("1,1.1,1.2,1.3,1.4,1.5", help="Run-queue targets as multiples (>= 1) of the "
+                               "tightest budget, comma-separated."),
+    spin_gaps: str = typer.Option("1,1.5,2,3", help="How many mean arrival gaps a lock waiter may spin while cores "
+                                  "are short, comma-separated."),
+    seed: int = typer.Option(0, help="First seed of arrivals and controllers."),
+    seeds: int = typer.Option(1, help="Seeds SEED, SEED+1, ... (each setting runs on every one)."),
+    duration_s: float = typer.Option(0.1, help="Simulated seconds per run (first quarter: warm-up)."),
+    workers: int = typer.Option(1, help="Processes to run the runs in (the result does not depend on it)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+) -> None:
+    """Svalinn's trade-off between classes in the three-bottleneck mix: its fractions of the bound over its
+    run-queue target and lock-spin settings (simulated)."""
+    load_values = _admission_floats(loads, "--loads")
+    scale_values = _admission_floats(scales, "--scales")
+    if any(v < 1 for v in scale_values):
+        raise typer.BadParameter(f"every value must be >= 1; got {scales!r}", param_hint="--scales")
+    gap_values = _admission_floats(spin_gaps, "--spin-gaps")
+    for option, value in (("--seeds", seeds), ("--workers", workers)):
+        if value < 1:
+            raise typer.BadParameter(f"must be >= 1; got {value}", param_hint=option)
+    if not duration_s > 0:
+        raise typer.BadParameter(f"must be > 0; got {duration_s}", param_hint="--duration-s")
+    from sloctl.core.progress import progress as progress_bar
+    from sloctl.experiments.admission import frontier_experiment
+
+    echo(f"running Svalinn at {len(load_values)} loads x {len(scale_values)} run-queue targets x {len(gap_values)} "
+         f"spin limits x {seeds} seeds ...")
+    with progress_bar("experiment admission-frontier: runs", total=None) as bar:
+        result = frontier_experiment(loads=load_values, scales=scale_values, spin_gaps=gap_values,
+                                     seeds=tuple(range(seed, seed + seeds)), duration_s=duration_s,
+                                     workers=workers, on_progress=bar.callback())
+    if as_json:
+        typer.echo(json.dumps(result, default=float))
+        return
+    classes = list(result["rows"][0]["mean_fraction"])
+    typer.echo(f"{result['mix']}, fraction of the bound per class ({'/'.join(classes)}), mean over seeds "
+               f"{result['seeds']}; worst = smallest over classes and seeds")
+    for row in result["rows"]:
+        cells = "/".join(f"{row['mean_fraction'][k]:.3f}" for k in classes)
+        typer.echo(f"  {row['load_factor']:g}x  target {row['run_queue_target_scale']:.2f}x  spin "
+                   f"{row['lock_spin_gaps']:g} gaps  {cells}  worst {row['worst_fraction']:.3f}")
+    for load, row in result["best_per_load"].items():
+        ceiling = "".join(f"; {k} ceiling {c:.2f}" for k, c in result["lock_ceiling"].get(load, {}).items())
+        typer.echo(f"best at {load:g}x: target {row['run_queue_target_scale']:.2f}x, spin {row['lock_spin_gaps']:g} "
+                   f"gaps, worst {row['worst_fraction']:.3f}{ceiling}")
+    best = result["best_everywhere"]
+    typer.echo(f"best single setting over every load: target {best['run_queue_target_scale']:.2f}x, spin "
+               f"{best['lock_spin_gaps']:g} gaps, worst {best['worst_fraction']:.3f} ("
+               + ", ".join(f"{load:g}x {w:.3f}" for load, w in best["per_load"].items()) + ")")
+
+
 @experiment_app.command("history")
 def experiment_history_cmd(
     hourly: Path = typer.Option(..., "--hourly", help="Redset-style hourly counts (Parquet)."),

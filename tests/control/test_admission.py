@@ -405,6 +405,27 @@ def test_run_queue_holds_loose_requests_to_the_tightest_active_budget():
         assert aqm.should_drop(DelayBudget(0.110, 0.010), "loose") is not admitted
 
 
+def test_a_tightest_scale_gives_loose_requests_part_of_the_queue_and_never_loosens_the_tight_ones():
+    aqm = BottleneckAQM("cpu", servers=1, protect_tightest=True, activity=0.1, min_share=0.05, tightest_scale=1.4)
+    aqm.observe_hold(0.010, "loose")
+    for _ in range(5):
+        aqm.should_drop(DelayBudget(0.030, 0.005), "tight")
+        aqm.should_drop(DelayBudget(0.110, 0.010), "loose")
+    assert aqm.target_s() == pytest.approx(1.4 * 0.025)
+    for _ in range(3):  # 30 ms queued: within 1.4 x 25 ms for the loose kind, still past the tight kind's own 25 ms
+        aqm.joined("loose")
+    assert not aqm.should_drop(DelayBudget(0.110, 0.010), "loose")
+    assert aqm.should_drop(DelayBudget(0.030, 0.005), "tight")
+    aqm.joined("loose")  # 40 ms: past 35 ms
+    assert aqm.should_drop(DelayBudget(0.110, 0.010), "loose")
+    for bad in (0.9, math.inf, math.nan):
+        with pytest.raises(ValueError, match="tightest_scale"):
+            BottleneckAQM("cpu", protect_tightest=True, tightest_scale=bad)
+    svalinn = Svalinn.for_server(CONFIG.cores, CONFIG.bandwidth_bytes_per_s, {"cpu": 5e-6},
+                                 run_queue_target_scale=1.3)
+    assert svalinn.cpu_aqm_.tightest_scale == 1.3 and svalinn.cpu_aqm_.protect_tightest
+
+
 def test_a_kind_that_stopped_arriving_no_longer_sets_the_run_queues_target():
     aqm = BottleneckAQM("cpu", servers=1, protect_tightest=True, activity=0.1, min_share=0.05)
     aqm.observe_hold(0.010, "loose")
