@@ -214,7 +214,7 @@ def frontier_experiment(*, mix: str = "three-bottleneck", loads: Sequence[float]
     against the bound like the sweep; a setting's ``worst_fraction`` is its
     smallest fraction of the bound over the classes and seeds.
 
-    ``workers`` > 1 runs the runs in that many processes (each run is seeded, so the result is the same).
+    ``workers`` > 1 spreads the runs over that many processes (each run is seeded: the result is the same).
     ``on_progress(done, total)`` after each run, ``total`` = loads × scales × spin gaps × seeds.
 
     Returns:
