@@ -516,9 +516,11 @@ class Svalinn(AdmitAll):
             lock = getattr(req.rtype, "lock", None)
             if lock is not None and self.lock_reserve_holds > 0:
                 reserve_s = self.lock_reserve_holds * self._aqm(lock).mean_hold_s
-        elif self.lock_spin_gaps is not None and self._spins_too_long(aqm, now_s):
-            aqm.refuse(req.ctx["budget"])
-            return False
+        else:
+            aqm.arrived(now_s)
+            if self.lock_spin_gaps is not None and self._spins_too_long(aqm, now_s):
+                aqm.refuse(req.ctx["budget"])
+                return False
         if aqm.should_drop(req.ctx["budget"], kind, now_s, reserve_s=reserve_s):
             return False
         aqm.joined(kind)
@@ -527,7 +529,6 @@ class Svalinn(AdmitAll):
     def _spins_too_long(self, aqm: BottleneckAQM, now_s: float) -> bool:
         """Whether a newcomer at the lock ``aqm`` guards would spin longer than ``lock_spin_gaps`` mean gaps
         between arrivals there while requests wait for a core (a later arrival would likely take it sooner)."""
-        aqm.arrived(now_s)
         if aqm.mean_gap_s is None or self.cpu_aqm_.queue_len == 0:
             return False  # no estimate yet, or idle cores: spinning costs no one
         wait_s = aqm.expected_wait_s(now_s=now_s)

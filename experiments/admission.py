@@ -225,8 +225,8 @@ def frontier_experiment(*, mix: str = "three-bottleneck", loads: Sequence[float]
         "per_load"}, "lock_ceiling": {load: {class: fraction}}}`` (the lock ceilings of the first seed: the
         most of its bound any admission serves, see :func:`sweep_experiment`).
     """
-    for label, values, low in (("loads", loads, 0.0), ("spin_gaps", spin_gaps, 0.0)):
-        if not values or any(not (math.isfinite(v) and v > low) for v in values):
+    for label, values in (("loads", loads), ("spin_gaps", spin_gaps)):
+        if not values or any(not (math.isfinite(v) and v > 0) for v in values):
             raise ValueError(f"The '{label}' parameter of frontier_experiment must be numbers > 0, got {values!r}.")
     if not scales or any(not (math.isfinite(v) and v >= 1.0) for v in scales):
         raise ValueError(f"The 'scales' parameter of frontier_experiment must be numbers >= 1, got {scales!r}.")
