@@ -2,16 +2,37 @@
 
 It enrols itself in its CPU-budget cgroup (``--cgroup-procs``, before any
 work starts, so every thread it makes is budgeted), pins itself to its cores,
-opens the database read-only with ``threads = size``, waits out the warm-up delay, then reads JSON-line commands
-on stdin and answers JSON lines on stdout:
+opens the database read-only with ``threads = size``, seals itself in a
+sandbox (below), waits out the warm-up delay, then reads JSON-line commands on
+stdin and answers JSON lines on stdout:
 
 * in:  ``{"op": "run", "query_id": 1, "sql": "...", "timeout_s": 5.0}`` (with
-  ``"fetch": true`` the answer carries the result), ``{"op": "cancel",
-  "query_id": 1}``, ``{"op": "stop"}``
+  ``"fetch": true`` the answer carries the result; with ``"stream": true,
+  "page_rows": 1000, "buffer_pages": 4`` the result comes in pages),
+  ``{"op": "credit", "query_id": 1, "pages": 1}`` (a streamed query may send
+  that many more pages), ``{"op": "cancel", "query_id": 1}``, ``{"op":
+  "explain", "explain_id": 1, "sql": "...", "timeout_s": 5.0}``, ``{"op": "stop"}``
 * out: ``{"kind": "ready", "t": ...}``, ``{"kind": "failed", "error": "..."}``,
   ``{"kind": "done", "query_id": 1, "start_s": ..., "end_s": ..., "status":
   "ok", "error": "", "rows": 4}`` (plus ``"columns": [[name, type], ...]`` and
-  ``"data": [[...], ...]`` when fetched), ``{"kind": "stopped", "t": ...}``
+  ``"data": [[...], ...]`` when fetched, ``"columns"`` alone when streamed),
+  ``{"kind": "columns", "query_id": 1, "columns": [...]}`` then ``{"kind":
+  "page", "query_id": 1, "rows": [[...], ...]}`` for a streamed query (before
+  its ``done``), ``{"kind": "explained", "explain_id": 1, "plan": "..." | null,
+  "error": ""}``, ``{"kind": "stopped", "t": ...}``
+
+The sandbox (always on): extensions are neither installed nor loaded
+automatically, community extensions are refused, external access is off (no
+file outside the worker's own temp folder, no URL, no ``ATTACH``, no
+``INSTALL``/``LOAD``), and the configuration is locked, so no statement can
+change ``threads``, ``memory_limit`` or the sandbox itself. Each request is one
+statement, a ``SELECT`` or an ``EXPLAIN`` (``COPY`` could still write into
+the temp folder, outside the temp-size limit). ``--memory-limit``,
+``--temp-dir`` and ``--temp-dir-limit`` bound memory and spilling.
+
+A streamed query never runs more than ``buffer_pages`` pages ahead of the
+credit it was given: the reader fetches with ``fetchmany`` from DuckDB's
+streaming result, so the worker's memory does not grow with the result.
 
 Every query runs on a thread of its own; start and end are read on the
 machine-wide monotonic clock right around the query's execution.
@@ -28,6 +49,8 @@ import time
 
 TORN_DOWN = "cluster torn down while the query ran"
 CANCELLED = "cancelled by the client"  # sloctl.datasets.pool.CANCELLED (this module imports nothing of sloctl)
+#: The statement types a request may hold (``SHOW``, ``DESCRIBE``, ``PRAGMA`` and ``VALUES`` parse as ``SELECT``).
+RUNNABLE = ("SELECT", "EXPLAIN")
 
 
 def _json_value(value):
@@ -58,6 +81,43 @@ def _json_value(value):
     return str(value)
 
 
+def _sql_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def connect_sandboxed(db: str, *, threads: int, memory_limit: str | None = None, temp_dir: str | None = None,
+                      temp_dir_limit: str | None = None):
+    """Open ``db`` read-only and seal the connection: no extensions, no external access, settings locked."""
+    import duckdb
+
+    config: dict[str, object] = {"threads": threads, "autoinstall_known_extensions": False,
+                                 "autoload_known_extensions": False, "allow_community_extensions": False}
+    if memory_limit:
+        config["memory_limit"] = memory_limit
+    if temp_dir:
+        config["temp_directory"] = temp_dir
+    if temp_dir_limit:
+        config["max_temp_directory_size"] = temp_dir_limit
+    con = duckdb.connect(db, read_only=True, config=config)
+    # The database file is open already and DuckDB lets its own temp folder through: no other folder is needed.
+    con.execute("SET allowed_directories = []")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+def check_statement(cur, sql: str, allowed: tuple[str, ...] = RUNNABLE) -> None:
+    """Refuse anything but one statement of an ``allowed`` type (DuckDB's exceptions, so callers see their names)."""
+    import duckdb
+
+    statements = cur.extract_statements(sql)
+    if len(statements) != 1:
+        raise duckdb.InvalidInputException(f"one statement per request, got {len(statements)}")
+    kind = statements[0].type.name
+    if kind not in allowed:
+        raise duckdb.PermissionException(f"the sandbox runs {' and '.join(allowed)} statements only, got {kind}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sloctl-cluster-worker")
     parser.add_argument("--db", required=True)
@@ -65,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cores", required=True, help="comma-separated core ids")
     parser.add_argument("--warmup-s", type=float, default=0.0)
     parser.add_argument("--cgroup-procs", default=None, help="a cgroup's cgroup.procs file to join first")
+    parser.add_argument("--memory-limit", default=None, help="DuckDB memory_limit, e.g. 2GB")
+    parser.add_argument("--temp-dir", default=None, help="DuckDB temp_directory (spilling)")
+    parser.add_argument("--temp-dir-limit", default=None, help="DuckDB max_temp_directory_size, e.g. 10GB")
     args = parser.parse_args(argv)
     out_lock = threading.Lock()
 
@@ -81,7 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])
         import duckdb
 
-        con = duckdb.connect(args.db, read_only=True, config={"threads": args.size})
+        con = connect_sandboxed(args.db, threads=args.size, memory_limit=args.memory_limit,
+                                temp_dir=args.temp_dir, temp_dir_limit=args.temp_dir_limit)
         if args.warmup_s > 0:
             time.sleep(args.warmup_s)
     except Exception as exc:  # report, so the pool does not wait forever
@@ -89,16 +153,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     emit({"kind": "ready", "t": time.monotonic()})
 
-    running: dict[int, object] = {}
-    lock = threading.Lock()
+    running: dict[int | str, object] = {}  # query ids, and "explain-<id>" for plans
+    cond = threading.Condition()  # guards running, cancelled and credits; wakes streams waiting for credit
     stopping = threading.Event()
-
     cancelled: set[int] = set()
+    credits: dict[int, int] = {}
 
     def interrupt_until_gone(query_id: int) -> None:
         # an interrupt that lands just before the query starts executing is lost: repeat until it ends
         for _ in range(200):
-            with lock:
+            with cond:
                 cur = running.get(query_id)
             if cur is None and query_id not in cancelled:
                 return
@@ -106,64 +170,136 @@ def main(argv: list[str] | None = None) -> int:
                 cur.interrupt()
             time.sleep(0.05)
 
-    def run(query_id: int, sql: str, timeout_s: float | None, fetch: bool = False) -> None:
+    def wait_for_credit(query_id: int, deadline: float | None) -> None:
+        """Block until the consumer lets one more page go; cancel, stop and the deadline end the query."""
+        with cond:
+            while credits.get(query_id, 0) <= 0:
+                if query_id in cancelled or stopping.is_set():
+                    break
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                cond.wait(remaining)
+            if query_id in cancelled or stopping.is_set() or credits.get(query_id, 0) <= 0:
+                raise duckdb.InterruptException("stopped while waiting for the consumer")
+            credits[query_id] -= 1
+
+    def run(query_id: int, sql: str, timeout_s: float | None, fetch: bool = False, stream: bool = False,
+            page_rows: int = 1000, buffer_pages: int = 4) -> None:
         cur = con.cursor()
-        with lock:
+        with cond:
             running[query_id] = cur
+            credits[query_id] = buffer_pages
         timer = threading.Timer(timeout_s, cur.interrupt) if timeout_s is not None else None
         status, error, n_rows, result = "ok", "", 0, None
         start_s = time.monotonic()
+        deadline = None if timeout_s is None else start_s + timeout_s
         if timer is not None:
             timer.daemon = True
             timer.start()
         try:
-            with lock:
+            with cond:
                 if query_id in cancelled or stopping.is_set():  # cancelled, or torn down, before it started
                     raise duckdb.InterruptException("stopped before it started")
-            rows = cur.execute(sql).fetchall()
-            n_rows = len(rows)
-            if fetch:
+            check_statement(cur, sql)
+            if stream:
+                answer = cur.execute(sql)  # a streaming result: fetchmany pulls pages as they are produced
                 columns = [[d[0], str(d[1])] for d in (cur.description or [])]
-                result = {"columns": columns, "data": [[_json_value(v) for v in row] for row in rows]}
+                result = {"columns": columns}
+                emit({"kind": "columns", "query_id": query_id, "columns": columns})
+                while rows := answer.fetchmany(page_rows):
+                    page = [[_json_value(v) for v in row] for row in rows]
+                    del rows
+                    wait_for_credit(query_id, deadline)
+                    emit({"kind": "page", "query_id": query_id, "rows": page})
+                    n_rows += len(page)
+            else:
+                rows = cur.execute(sql).fetchall()
+                n_rows = len(rows)
+                if fetch:
+                    columns = [[d[0], str(d[1])] for d in (cur.description or [])]
+                    result = {"columns": columns, "data": [[_json_value(v) for v in row] for row in rows]}
         except duckdb.InterruptException:
-            with lock:
+            with cond:
                 was_cancelled = query_id in cancelled
             status, error = (("error", TORN_DOWN) if stopping.is_set() else ("error", CANCELLED) if was_cancelled
                              else ("timeout", ""))
+            result = None
         except duckdb.Error as exc:
-            status, error = "error", f"{type(exc).__name__}: {exc}"
+            status, error, result = "error", f"{type(exc).__name__}: {exc}", None
         end_s = time.monotonic()
         if timer is not None:
             timer.cancel()
-        with lock:
+        with cond:
             running.pop(query_id, None)
             cancelled.discard(query_id)
+            credits.pop(query_id, None)
         cur.close()
         emit({"kind": "done", "query_id": query_id, "start_s": start_s, "end_s": end_s,
               "status": status, "error": error, "rows": n_rows, **(result or {})})
 
+    def explain(explain_id: int, sql: str, timeout_s: float | None) -> None:
+        cur = con.cursor()
+        key = f"explain-{explain_id}"
+        with cond:
+            running[key] = cur
+        timer = threading.Timer(timeout_s, cur.interrupt) if timeout_s is not None else None
+        if timer is not None:
+            timer.daemon = True
+            timer.start()
+        plan, error = None, ""
+        try:
+            if stopping.is_set():
+                raise duckdb.InterruptException("stopped before it started")
+            check_statement(cur, sql, ("SELECT",))
+            rows = cur.execute("EXPLAIN (FORMAT JSON) " + sql).fetchall()
+            plan = rows[0][1] if rows and len(rows[0]) > 1 else None
+        except duckdb.Error as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        if timer is not None:
+            timer.cancel()
+        with cond:
+            running.pop(key, None)
+        cur.close()
+        emit({"kind": "explained", "explain_id": explain_id, "plan": plan, "error": error})
+
     threads: list[threading.Thread] = []
+
+    def start(target, *thread_args) -> None:
+        nonlocal threads
+        thread = threading.Thread(target=target, args=thread_args, daemon=True)
+        thread.start()
+        threads = [t for t in threads if t.is_alive()]
+        threads.append(thread)
+
     for line in sys.stdin:
         message = json.loads(line)
-        if message["op"] == "run":
-            thread = threading.Thread(
-                target=run, args=(message["query_id"], message["sql"], message.get("timeout_s"),
-                                  bool(message.get("fetch", False))),
-                daemon=True)
-            thread.start()
-            threads = [t for t in threads if t.is_alive()]
-            threads.append(thread)
-        elif message["op"] == "cancel":
-            with lock:
+        op = message["op"]
+        if op == "run":
+            start(run, message["query_id"], message["sql"], message.get("timeout_s"),
+                  bool(message.get("fetch", False)), bool(message.get("stream", False)),
+                  int(message.get("page_rows", 1000)), int(message.get("buffer_pages", 4)))
+        elif op == "credit":
+            with cond:
+                if message["query_id"] in credits:
+                    credits[message["query_id"]] += int(message.get("pages", 1))
+                    cond.notify_all()
+        elif op == "cancel":
+            with cond:
                 cancelled.add(message["query_id"])
+                cond.notify_all()
             threading.Thread(target=interrupt_until_gone, args=(message["query_id"],), daemon=True).start()
-        elif message["op"] == "stop":
+        elif op == "explain":
+            start(explain, message["explain_id"], message["sql"], message.get("timeout_s"))
+        elif op == "stop":
             break
     stopping.set()
+    with cond:
+        cond.notify_all()
     deadline = time.monotonic() + 10
     # an interrupt that lands just before a query starts executing is lost: repeat until every query ended
     while any(t.is_alive() for t in threads) and time.monotonic() < deadline:
-        with lock:
+        with cond:
             for cur in running.values():
                 cur.interrupt()
         time.sleep(0.02)

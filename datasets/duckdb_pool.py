@@ -23,19 +23,34 @@ plus a configurable warm-up delay. Clusters get disjoint core sets; a pool
 that would need more cores than it may use is refused unless
 ``allow_oversubscribe`` is set, in which case clusters share the least-used
 cores and every completion on them is marked ``oversubscribed``.
+
+Client SQL runs only in the workers, each sealed in DuckDB's sandbox (see
+:mod:`sloctl.datasets._cluster_worker`): read-only, no files outside its own
+temp folder, no network, no extensions, settings locked, one ``SELECT`` or
+``EXPLAIN`` per request, memory and spilling bounded by ``memory_limit``,
+``temp_dir_limit`` and the attempt's ``timeout_s``. Results come back whole
+(``fetch``) or in pages under credit-based flow control (``stream``), and
+:meth:`DuckDBClusterPool.explain` plans a statement on a worker. A worker that
+dies marks its cluster ``failed`` and ends every query on it as ``error``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
 import queue
+import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -45,6 +60,43 @@ from sloctl.datasets.cpu_budget import DEFAULT_PERIOD_S, CpuBudget, CpuBudgets, 
 from sloctl.datasets.pool import ClusterInfo, QueryCompletion, QueryRequest
 
 __all__ = ["DuckDBClusterPool"]
+
+# A DuckDB size: a number and a unit (1000^i or 1024^i bytes), e.g. "2GB", "512 MiB".
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(b|bytes|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)\s*", re.IGNORECASE)
+_TORN_DOWN = "cluster torn down while the query ran"  # the worker's words for the same end
+
+
+def _check_size(name: str, value: Any, *, allow_zero: bool) -> None:
+    """Refuse anything DuckDB would not read as a size (its own message comes only from the worker, too late)."""
+    if value is None:
+        return
+    match = _SIZE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ClusterPoolError(f"The '{name}' parameter must be a DuckDB size such as '2GB' or '512MiB' (units B, KB, "
+                               f"MB, GB, TB, KiB, MiB, GiB, TiB), got {value!r}.")
+    if float(match.group(1)) <= 0 and not allow_zero:
+        raise ClusterPoolError(f"The '{name}' parameter must be > 0, got {value!r}.")
+
+
+def _exit_text(pid: int, returncode: int | None) -> str:
+    if returncode is None:
+        return f"worker process {pid} closed its output"
+    if returncode < 0:
+        try:
+            name = f" ({signal.Signals(-returncode).name})"
+        except ValueError:
+            name = ""
+        return f"worker process {pid} was killed by signal {-returncode}{name}"
+    return f"worker process {pid} exited with code {returncode}"
+
+
+@dataclass
+class _Stream:
+    on_page: Callable[[tuple[tuple[str, str], ...], list[list]], None] | None
+    columns: tuple[tuple[str, str], ...] = ()
+    rows: int = 0
+    error: str = ""  # set when on_page raised: the query is cancelled and ends with this error
+
 
 @dataclass
 class _Cluster:
@@ -61,6 +113,10 @@ class _Cluster:
     cgroup: CpuBudget | None = None
     running: set[int] = field(default_factory=set)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
+    temp_dir: Path | None = None
+    stopping: bool = False  # tear_down asked for it: an exit is no failure
+    streams: dict[int, _Stream] = field(default_factory=dict)
+    explains: dict[int, dict | None] = field(default_factory=dict)  # explain id -> the worker's answer, once in
 
 
 class DuckDBClusterPool:
@@ -82,13 +138,22 @@ class DuckDBClusterPool:
         period_s: CFS period of the budgets (short: throttling stalls stay short).
         cgroup_root: where to make the groups (default: found on the machine).
         log: where the one-time fallback notice goes (default: stderr).
+        memory_limit: each worker's DuckDB ``memory_limit``, a DuckDB size such
+            as ``"2GB"`` (default: DuckDB's own, 80 % of the machine's memory);
+            a query that needs more fails as ``OutOfMemoryException``.
+        temp_dir_limit: each worker's ``max_temp_directory_size`` (spilling), a
+            DuckDB size (default: DuckDB's own, 90 % of the free disk).
+        temp_dir: where workers spill, each in a folder of its own that goes
+            when its cluster is torn down (default: a fresh folder per pool,
+            removed on :meth:`close`).
     """
 
     def __init__(self, db_path: str | Path, *, warmup_s: float = 0.0,
                  allow_oversubscribe: bool = False, cores: list[int] | None = None,
                  size_unit_cores: float | None = None, reserved_cores: int = 0, budget_mode: str = "auto",
                  period_s: float = DEFAULT_PERIOD_S, cgroup_root: Any = None,
-                 log: Any = None) -> None:
+                 log: Any = None, memory_limit: str | None = None, temp_dir_limit: str | None = None,
+                 temp_dir: str | Path | None = None) -> None:
         self.db_path = Path(db_path)
         self.warmup_s = warmup_s
         self.allow_oversubscribe = allow_oversubscribe
@@ -96,6 +161,13 @@ class DuckDBClusterPool:
         self.size_unit_cores = size_unit_cores
         self.reserved_cores = reserved_cores
         self.period_s = period_s
+        self.memory_limit = memory_limit
+        self.temp_dir_limit = temp_dir_limit
+        self.temp_dir = None if temp_dir is None else Path(temp_dir)
+        _check_size("memory_limit", memory_limit, allow_zero=False)
+        _check_size("temp_dir_limit", temp_dir_limit, allow_zero=True)
+        if self.temp_dir is not None and self.temp_dir.exists() and not self.temp_dir.is_dir():
+            raise ClusterPoolError(f"The 'temp_dir' parameter must name a folder, got a file: {self.temp_dir}.")
         if not self.db_path.is_file():
             raise ClusterPoolError(f"The 'db_path' parameter names no database file: {self.db_path}.")
         if warmup_s < 0:
@@ -137,7 +209,10 @@ class DuckDBClusterPool:
         self._clusters: dict[str, _Cluster] = {}
         self._cond = threading.Condition()
         self._ids = itertools.count(1)
+        self._explain_ids = itertools.count(1)
         self._closed = False
+        self._temp_root: Path | None = None  # made at the first spin-up
+        self._own_temp_root = False
 
     # -- CPU allocation --------------------------------------------------
     def budget_cores(self, size: int) -> float:
@@ -211,7 +286,13 @@ class DuckDBClusterPool:
                        "--size", str(threads), "--cores", ",".join(map(str, cores)), "--warmup-s", repr(self.warmup_s)]
             if cgroup is not None:
                 command += ["--cgroup-procs", str(cgroup.procs_file)]
+            if self.memory_limit is not None:
+                command += ["--memory-limit", self.memory_limit]
+            if self.temp_dir_limit is not None:
+                command += ["--temp-dir-limit", self.temp_dir_limit]
             try:
+                temp_dir = self._cluster_temp_dir(cluster_id)
+                command += ["--temp-dir", str(temp_dir)]
                 process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                            bufsize=1)
             except OSError:
@@ -222,7 +303,7 @@ class DuckDBClusterPool:
                 cluster_id=cluster_id, size=size, cores=cores, process=process,
                 requested_s=time.monotonic(),
                 oversubscribed=oversubscribed or (cgroup is None and threads > len(cores)),
-                cpu_budget=budget, cgroup=cgroup)
+                cpu_budget=budget, cgroup=cgroup, temp_dir=temp_dir)
             self._clusters[cluster_id] = cluster
             threading.Thread(target=self._read_results, args=(cluster,), daemon=True,
                              name=f"sloctl-pool-{cluster_id}").start()
@@ -235,7 +316,8 @@ class DuckDBClusterPool:
             cluster = self._get(cluster_id)
             while cluster.state == "starting":
                 if cluster.process.poll() is not None:
-                    cluster.state, cluster.failure = "failed", f"exit code {cluster.process.returncode}"
+                    cluster.state = "failed"
+                    cluster.failure = cluster.failure or _exit_text(cluster.process.pid, cluster.process.returncode)
                     break
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
@@ -247,15 +329,91 @@ class DuckDBClusterPool:
             return self._info(cluster)
 
     def submit(self, cluster_id: str, request: QueryRequest) -> None:
-        """Hand ``request`` to the cluster; it starts on a thread of its own."""
+        """Hand ``request`` to the cluster; it starts on a thread of its own.
+
+        A ``stream`` request's pages go to ``request.on_page`` (see
+        :class:`~sloctl.datasets.pool.QueryRequest`); let more come with :meth:`credit`.
+        """
+        message: dict[str, Any] = {"op": "run", "query_id": request.query_id, "sql": request.sql,
+                                   "timeout_s": request.timeout_s}
+        if request.stream:
+            if request.fetch:
+                raise ClusterPoolError("The 'fetch' and 'stream' parameters of a QueryRequest exclude each other: "
+                                       "a streamed result comes through 'on_page'.")
+            for name in ("page_rows", "buffer_pages"):
+                value = getattr(request, name)
+                if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                    raise ClusterPoolError(f"The '{name}' parameter of a QueryRequest must be an integer >= 1, "
+                                           f"got {value!r}.")
+            message.update(stream=True, page_rows=request.page_rows, buffer_pages=request.buffer_pages)
+        elif request.fetch:
+            message["fetch"] = True
         with self._cond:
             cluster = self._get(cluster_id)
             if cluster.state != "ready":
                 raise ClusterPoolError(
                     f"Cluster {cluster_id!r} is {cluster.state}; queries need a ready cluster.")
             cluster.running.add(request.query_id)
-        self._send(cluster, {"op": "run", "query_id": request.query_id, "sql": request.sql,
-                             "timeout_s": request.timeout_s, **({"fetch": True} if request.fetch else {})})
+            if request.stream:
+                cluster.streams[request.query_id] = _Stream(request.on_page)
+        try:
+            self._send(cluster, message)
+        except ClusterPoolError:  # never handed over: the caller hears it here, not in a completion too
+            with self._cond:
+                cluster.running.discard(request.query_id)
+                cluster.streams.pop(request.query_id, None)
+            raise
+
+    def credit(self, cluster_id: str, query_id: int, pages: int = 1) -> None:
+        """Let streamed query ``query_id`` send ``pages`` more pages (call it once per page consumed).
+
+        A query that already ended (or does not stream), or whose worker is
+        gone, is left alone: its completion says how it ended.
+        """
+        if isinstance(pages, bool) or not isinstance(pages, int) or pages < 1:
+            raise ClusterPoolError(f"The 'pages' parameter of credit must be an integer >= 1, got {pages!r}.")
+        with self._cond:
+            cluster = self._get(cluster_id)
+            if query_id not in cluster.streams or cluster.state != "ready":
+                return
+        with contextlib.suppress(ClusterPoolError):  # the worker died: the reader ends its queries
+            self._send(cluster, {"op": "credit", "query_id": query_id, "pages": pages})
+
+    def explain(self, cluster_id: str, sql: str, timeout_s: float = 5.0) -> str | None:
+        """``EXPLAIN (FORMAT JSON) sql`` on a worker of ``cluster_id`` (sandboxed, never in this process).
+
+        Returns:
+            The JSON plan text (what :class:`~sloctl.datasets.plan_features.PlanFeaturizer`
+            parses), or ``None`` when the statement cannot be planned (or is
+            not one ``SELECT``) or planning took longer than ``timeout_s``.
+
+        Raises:
+            ClusterPoolError: the cluster is unknown, not ready, or died before it answered.
+        """
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < math.inf:
+            raise ClusterPoolError(f"The 'timeout_s' parameter of explain must be > 0 seconds, got {timeout_s!r}.")
+        with self._cond:
+            cluster = self._get(cluster_id)
+            if cluster.state != "ready":
+                raise ClusterPoolError(f"Cluster {cluster_id!r} is {cluster.state}; EXPLAIN needs a ready cluster.")
+            explain_id = next(self._explain_ids)
+            cluster.explains[explain_id] = None
+        try:
+            self._send(cluster, {"op": "explain", "explain_id": explain_id, "sql": sql, "timeout_s": timeout_s})
+            deadline = time.monotonic() + timeout_s + 1.0  # the worker interrupts itself at timeout_s
+            with self._cond:
+                while (answer := cluster.explains.get(explain_id)) is None:
+                    if cluster.state != "ready":
+                        raise ClusterPoolError(f"Cluster {cluster_id!r} is {cluster.state} "
+                                               f"({cluster.failure or 'torn down'}); its EXPLAIN was lost.")
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    self._cond.wait(remaining)
+        finally:
+            with self._cond:
+                cluster.explains.pop(explain_id, None)
+        return answer.get("plan")
 
     def cancel(self, cluster_id: str, query_id: int) -> None:
         """Interrupt ``query_id`` on ``cluster_id``; it completes as ``error`` (``pool.CANCELLED``).
@@ -286,9 +444,11 @@ class DuckDBClusterPool:
         with self._cond:
             cluster = self._get(cluster_id)
             stopped = cluster.state == "stopped"
-        if stopped:  # the worker already exited; its group may still be there
+            cluster.stopping = True
+        if stopped:  # the worker already exited; its group and temp folder may still be there
             if cluster.process.poll() is not None:
                 self._release_cgroup(cluster)
+                self._remove_temp_dir(cluster)
             return
         if cluster.process.poll() is None:
             self._send(cluster, {"op": "stop"})
@@ -303,6 +463,24 @@ class DuckDBClusterPool:
                 cluster.process.stdin.close()
             self._cond.notify_all()
         self._release_cgroup(cluster)
+        self._remove_temp_dir(cluster)
+
+    def _cluster_temp_dir(self, cluster_id: str) -> Path:
+        """A fresh spill folder for one cluster, inside the pool's (made on first use)."""
+        if self._temp_root is None:
+            if self.temp_dir is not None:
+                self.temp_dir.mkdir(parents=True, exist_ok=True)
+                self._temp_root = self.temp_dir
+            else:
+                self._temp_root = Path(tempfile.mkdtemp(prefix="sloctl-pool-"))
+                self._own_temp_root = True
+        return Path(tempfile.mkdtemp(prefix=f"{cluster_id}-", dir=self._temp_root))
+
+    @staticmethod
+    def _remove_temp_dir(cluster: _Cluster) -> None:
+        if cluster.temp_dir is not None:
+            shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+            cluster.temp_dir = None
 
     def _release_cgroup(self, cluster: _Cluster) -> None:
         if cluster.cgroup is not None and self._budgets is not None:
@@ -323,6 +501,8 @@ class DuckDBClusterPool:
             self.tear_down(cluster_id)
         with self._cond:
             self._closed = True
+        if self._own_temp_root and self._temp_root is not None:
+            shutil.rmtree(self._temp_root, ignore_errors=True)
 
     def __enter__(self) -> DuckDBClusterPool:
         return self
@@ -343,7 +523,8 @@ class DuckDBClusterPool:
     def _info(c: _Cluster) -> ClusterInfo:
         return ClusterInfo(cluster_id=c.cluster_id, size=c.size, cores=c.cores, state=c.state,
                            requested_s=c.requested_s, ready_s=c.ready_s, running=len(c.running),
-                           oversubscribed=c.oversubscribed, cpu_budget=c.cpu_budget)
+                           oversubscribed=c.oversubscribed, cpu_budget=c.cpu_budget, pid=c.process.pid,
+                           failure=c.failure)
 
     @staticmethod
     def _send(cluster: _Cluster, message: dict[str, Any]) -> None:
@@ -358,30 +539,82 @@ class DuckDBClusterPool:
                         f"Cluster {cluster.cluster_id!r} is gone ({exc}).") from exc
 
     def _read_results(self, cluster: _Cluster) -> None:
-        """Follow one worker's stdout until it exits."""
+        """Follow one worker's stdout until it exits; then end whatever still ran on it."""
         for line in cluster.process.stdout:
             message = json.loads(line)
             kind = message["kind"]
+            if kind == "page":
+                self._deliver_page(cluster, message)
+                continue
             with self._cond:
                 if kind == "done":
-                    cluster.running.discard(message["query_id"])
-                    self._completions.put(QueryCompletion(
-                        query_id=message["query_id"], cluster_id=cluster.cluster_id,
-                        start_s=message["start_s"], end_s=message["end_s"],
-                        status=message["status"], error=message["error"],
-                        rows=message["rows"], oversubscribed=cluster.oversubscribed,
-                        cpu_budget=cluster.cpu_budget,
-                        columns=(tuple((str(n), str(t)) for n, t in message["columns"])
-                                 if "columns" in message else None),
-                        data=message.get("data")))
+                    self._completions.put(self._completion(cluster, message))
+                elif kind == "columns":
+                    stream = cluster.streams.get(message["query_id"])
+                    if stream is not None:
+                        stream.columns = tuple((str(n), str(t)) for n, t in message["columns"])
+                elif kind == "explained":
+                    if message["explain_id"] in cluster.explains:  # else its caller gave up waiting
+                        cluster.explains[message["explain_id"]] = message
                 elif kind == "ready":
                     cluster.state, cluster.ready_s = "ready", message["t"]
                 elif kind == "failed":
                     cluster.state, cluster.failure = "failed", message["error"]
                 self._cond.notify_all()
         cluster.process.stdout.close()
+        try:
+            returncode = cluster.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        how = _exit_text(cluster.process.pid, returncode)
+        t = time.monotonic()
         with self._cond:
             if cluster.state in ("starting", "ready"):
-                cluster.state = "failed" if cluster.state == "starting" else "stopped"
-                cluster.failure = cluster.failure or "worker exited"
+                if cluster.stopping:
+                    cluster.state = "stopped"
+                else:
+                    cluster.state, cluster.failure = "failed", cluster.failure or how
+            error = (f"{_TORN_DOWN} ({how})" if cluster.stopping
+                     else f"cluster {cluster.cluster_id} stopped while the query ran: {how}")
+            for query_id in sorted(cluster.running):
+                stream = cluster.streams.get(query_id)
+                self._completions.put(QueryCompletion(
+                    query_id=query_id, cluster_id=cluster.cluster_id, start_s=t, end_s=t, status="error",
+                    error=error, rows=stream.rows if stream is not None else 0,
+                    oversubscribed=cluster.oversubscribed, cpu_budget=cluster.cpu_budget))
+            cluster.running.clear()
+            cluster.streams.clear()
             self._cond.notify_all()
+
+    def _completion(self, cluster: _Cluster, message: dict[str, Any]) -> QueryCompletion:
+        """The completion of a ``done`` message (called under the lock)."""
+        query_id = message["query_id"]
+        cluster.running.discard(query_id)
+        stream = cluster.streams.pop(query_id, None)
+        status, error = message["status"], message["error"]
+        if stream is not None and stream.error:
+            status, error = "error", stream.error
+        return QueryCompletion(
+            query_id=query_id, cluster_id=cluster.cluster_id, start_s=message["start_s"], end_s=message["end_s"],
+            status=status, error=error, rows=message["rows"], oversubscribed=cluster.oversubscribed,
+            cpu_budget=cluster.cpu_budget,
+            columns=(tuple((str(n), str(t)) for n, t in message["columns"]) if "columns" in message else None),
+            data=message.get("data"))
+
+    def _deliver_page(self, cluster: _Cluster, message: dict[str, Any]) -> None:
+        """Hand one page to its consumer, outside the lock (``on_page`` may call :meth:`credit`)."""
+        query_id = message["query_id"]
+        with self._cond:
+            stream = cluster.streams.get(query_id)
+        if stream is None or stream.error:  # a consumer that failed gets no more pages
+            return
+        stream.rows += len(message["rows"])
+        if stream.on_page is None:
+            self.credit(cluster.cluster_id, query_id)
+            return
+        try:
+            stream.on_page(stream.columns, message["rows"])
+        except Exception as exc:  # the consumer cannot take the rest: stop the query, say why
+            stream.error = f"on_page raised {type(exc).__name__}: {exc}"
+            with contextlib.suppress(ClusterPoolError):
+                self.cancel(cluster.cluster_id, query_id)

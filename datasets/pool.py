@@ -11,6 +11,7 @@ process on the machine). The live DuckDB pool
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -32,12 +33,36 @@ class QueryRequest:
         timeout_s: interrupt the query after this long (``None``: never).
         fetch: send the result back (``QueryCompletion.columns`` and
             ``data``), not only its row count (the SLO gateway's clients need it).
+        stream: send the result page by page instead, through ``on_page``
+            (exclusive with ``fetch``). The worker's memory stays bounded
+            however large the result: it runs at most ``buffer_pages`` pages
+            ahead of what the consumer let go with
+            :meth:`~sloctl.datasets.DuckDBClusterPool.credit`. The completion
+            (``data=None``) carries the column names and types and ``rows``,
+            the rows sent; its ``end_s`` is when the last page was sent. A
+            query that fails, times out or is cancelled mid-stream ends as
+            such after the pages already sent.
+        page_rows: the most rows in one page (``stream`` only).
+        buffer_pages: pages the worker may send before the first credit
+            (``stream`` only).
+        on_page: called as ``on_page(columns, rows)`` once per page, in order,
+            on the pool's reader thread of that cluster (keep it short: hand the
+            rows on, then call ``credit``); ``columns`` are ``(name, type)``
+            pairs, the same with every page; ``rows`` are lists of JSON values
+            as in ``QueryCompletion.data``. An empty result makes no call. If
+            ``on_page`` raises, the query is cancelled and ends as ``error``
+            naming the exception. Without ``on_page`` the pool drops the pages
+            and gives the credit back itself (only the row count is kept).
     """
 
     query_id: int
     sql: str
     timeout_s: float | None = None
     fetch: bool = False
+    stream: bool = False
+    page_rows: int = 1000
+    buffer_pages: int = 4
+    on_page: Callable[[tuple[tuple[str, str], ...], list[list]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -50,9 +75,11 @@ class QueryCompletion:
     ``columns`` (``(name, type)`` pairs, the engine's type names) and ``data``
     (rows of JSON values: decimals, dates and times as strings, NaN and
     infinities as ``"NaN"``/``"Infinity"``/``"-Infinity"``) are the result when
-    the request asked to ``fetch`` it and the query was ok; else ``None``.
-    A query cancelled by :meth:`ClusterPool.cancel` ends as ``error`` with
-    the error :data:`CANCELLED`.
+    the request asked to ``fetch`` it and the query was ok (a ``stream``ed
+    query: ``columns`` only); else ``None``. A query cancelled by
+    :meth:`ClusterPool.cancel` ends as ``error`` with the error
+    :data:`CANCELLED`; one whose cluster died under it as ``error`` with
+    ``"stopped"`` in the error.
     """
 
     query_id: int
@@ -70,7 +97,13 @@ class QueryCompletion:
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    """A cluster's state as the pool sees it (``cpu_budget``: the CPU it may use, in cores)."""
+    """A cluster's state as the pool sees it.
+
+    ``cpu_budget`` is the CPU it may use, in cores; ``pid`` its worker process
+    (``None`` where a pool has no process); ``failure`` why it failed or
+    stopped on its own (e.g. ``"worker process 123 was killed by signal 9
+    (SIGKILL)"``), else empty.
+    """
 
     cluster_id: str
     size: int
@@ -81,6 +114,8 @@ class ClusterInfo:
     running: int
     oversubscribed: bool
     cpu_budget: float = float("nan")
+    pid: int | None = None
+    failure: str = ""
 
 
 class ClusterPool(Protocol):
