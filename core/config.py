@@ -14,6 +14,7 @@ may take them.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import types
 import typing
 from dataclasses import dataclass
@@ -283,9 +284,18 @@ class ServeSection:
         spinup_delay_s: how long a scheduled spin-up takes to become ready when
             the execution-config carries no autoscaler knobs (which carry ``δ``).
         max_body_bytes: largest request body (413 beyond, before it is read).
-        body_timeout_s: time a request body has to arrive in full (408 beyond).
-        max_connections: connections and requests the server holds at once
-            (uvicorn ``limit_concurrency``; 503 beyond).
+        body_timeout_s: time a request body has to arrive in full, counted
+            from its head (408 and the connection closed beyond).
+        header_timeout_s: time a request head has to arrive in full, counted
+            from the connection's accept (from its first byte on a kept-alive
+            connection); 408 (or nothing, when nothing came) and closed beyond.
+        max_connections: connections open at once in all; a new one beyond is
+            closed at accept (keep it below the open-file limit). Requests in
+            progress are bounded by the front door, not here.
+        max_connections_per_client: connections one peer address may hold at
+            once; a new one beyond is closed at accept.
+        trusted_clients: addresses or networks (CIDR) exempt from
+            ``max_connections_per_client`` (a reverse proxy, local drivers).
         keep_alive_s: idle keep-alive connections are closed after this (uvicorn).
         max_header_bytes: largest request head (uvicorn's h11 incomplete-event limit).
         public_max_in_flight: unauthenticated requests in progress at once
@@ -316,7 +326,10 @@ class ServeSection:
     spinup_delay_s: float = 300.0
     max_body_bytes: int = 65536
     body_timeout_s: float = 5.0
-    max_connections: int = 1024
+    header_timeout_s: float = 10.0
+    max_connections: int = 4096
+    max_connections_per_client: int = 64
+    trusted_clients: tuple[str, ...] = ("127.0.0.1", "::1")
     keep_alive_s: int = 5
     max_header_bytes: int = 16384
     public_max_in_flight: int = 8
@@ -328,7 +341,8 @@ class ServeSection:
     def __post_init__(self) -> None:
         _in_range(self, "serve", port=(1, 65535), max_in_flight=(1, 100_000), watch_interval_s=(0.05, 86_400.0),
                   spinup_delay_s=(0.0, 86_400.0), max_body_bytes=(1024, 64 * 2**20), body_timeout_s=(0.05, 600.0),
-                  max_connections=(16, 100_000), keep_alive_s=(1, 300), max_header_bytes=(1024, 2**20),
+                  header_timeout_s=(0.05, 600.0), max_connections=(16, 1_000_000),
+                  max_connections_per_client=(1, 1_000_000), keep_alive_s=(1, 300), max_header_bytes=(1024, 2**20),
                   public_max_in_flight=(1, 1024), predict_max_neighbours=(0, 256), lease_ttl_s=(0.01, 86_400.0),
                   lease_max_ttl_s=(0.01, 86_400.0), history_limit=(10, 1_000_000))
         if not self.cluster_sizes or len(self.cluster_sizes) > 256 or not all(
@@ -338,6 +352,12 @@ class ServeSection:
         if self.lease_ttl_s > self.lease_max_ttl_s:
             raise ConfigError(f"key 'serve.lease_ttl_s' must be <= serve.lease_max_ttl_s ({self.lease_max_ttl_s}), "
                               f"got {self.lease_ttl_s!r}.")
+        for address in self.trusted_clients:
+            try:
+                ipaddress.ip_network(address, strict=False)
+            except ValueError:
+                raise ConfigError(f"key 'serve.trusted_clients' must list IP addresses or networks (CIDR), "
+                                  f"got {address!r}.") from None
 
 
 @dataclass(frozen=True)

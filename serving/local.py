@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["LocalServer", "free_port", "replay_log", "server_options", "stop_process"]
+__all__ = ["LocalServer", "free_port", "guarded_server", "replay_log", "server_options", "stop_process"]
 
 
 def free_port() -> int:
@@ -39,27 +39,56 @@ def stop_process(process: Any, timeout_s: float = 10.0) -> None:
 
 
 def server_options(serve: Any) -> dict[str, Any]:
-    """uvicorn's connection limits from the ``serve:`` section (``sloctl serve`` and :class:`LocalServer` use them).
+    """uvicorn's connection limits from the ``serve:`` section (both servers and :class:`LocalServer` use them).
 
-    ``limit_concurrency`` caps connections plus requests in progress (503
-    beyond), ``timeout_keep_alive`` closes idle keep-alive connections and
-    ``h11_max_incomplete_event_size`` caps a request head. uvicorn has no body
-    timeout: :class:`~sloctl.serving.front.FrontDoor` enforces
-    ``serve.body_timeout_s`` and ``serve.max_body_bytes``.
+    The guarded h11 protocol of :mod:`sloctl.serving._http_guard` closes a
+    connection whose request head is not in within ``serve.header_timeout_s``
+    or whose body is not in within ``serve.body_timeout_s`` of its head, and
+    one beyond ``serve.max_connections_per_client`` per peer address (except
+    ``serve.trusted_clients``) or ``serve.max_connections`` in all;
+    ``timeout_keep_alive`` closes idle keep-alive connections and
+    ``h11_max_incomplete_event_size`` caps a request head. No
+    ``limit_concurrency``: requests in progress are bounded by
+    :class:`~sloctl.serving.front.FrontDoor`, which also enforces
+    ``serve.max_body_bytes``. ``options["http"].guard`` counts what was closed.
     """
-    return {"limit_concurrency": serve.max_connections, "timeout_keep_alive": serve.keep_alive_s,
-            "h11_max_incomplete_event_size": serve.max_header_bytes, "http": "h11"}
+    from sloctl.serving._http_guard import guard_options
+
+    return guard_options(header_timeout_s=serve.header_timeout_s, body_timeout_s=serve.body_timeout_s,
+                         max_connections_per_client=serve.max_connections_per_client,
+                         max_connections=serve.max_connections, trusted_clients=serve.trusted_clients,
+                         keep_alive_s=serve.keep_alive_s, max_header_bytes=serve.max_header_bytes)
+
+
+def guarded_server(app: Any, serve: Any, *, host: str, port: int, log_level: str = "warning") -> Any:
+    """A ``uvicorn.Server`` for ``app`` with the ``serve:`` section's connection limits (:func:`server_options`).
+
+    Raises the open-file limit first (1,000+ sockets exceed the common 1,024).
+    ``server.config.http.guard`` is its :class:`~sloctl.serving._http_guard.HttpGuard`.
+    """
+    import uvicorn
+
+    from sloctl.serving._http_guard import raise_nofile_limit
+
+    raise_nofile_limit()
+    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level, **server_options(serve)))
 
 
 class LocalServer:
     """uvicorn serving ``app`` on a free loopback port; ``with LocalServer(app) as client`` yields an httpx client.
 
-    ``options`` are passed to ``uvicorn.Config`` (e.g. :func:`server_options`).
+    ``options`` are passed to ``uvicorn.Config`` (e.g. :func:`server_options`); with the guarded
+    protocol among them, ``guard`` is its :class:`~sloctl.serving._http_guard.HttpGuard` (else None).
     """
 
     def __init__(self, app: Any, *, start_timeout_s: float = 30.0, options: dict[str, Any] | None = None) -> None:
         import uvicorn
 
+        self.guard = getattr((options or {}).get("http"), "guard", None)
+        if self.guard is not None:
+            from sloctl.serving._http_guard import raise_nofile_limit
+
+            raise_nofile_limit()
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.start_timeout_s = start_timeout_s

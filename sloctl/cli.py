@@ -489,8 +489,6 @@ def serve_cmd(
     import dataclasses
     import os
 
-    import uvicorn
-
     from sloctl.serving.app import create_app
     from sloctl.serving.runtime import load_templates_table
 
@@ -533,11 +531,11 @@ def serve_cmd(
         where = cfg.state.url.removeprefix("sqlite:///")
     app_ = create_app(cfg, token=token or None, templates=templates)
     echo(f"sloctl serve on http://{host}:{sock.getsockname()[1]} (state in {where})")
-    from sloctl.serving.local import server_options
+    from sloctl.serving.local import guarded_server
 
-    # the connection cap, keep-alive and header limits of the serve: section (docs/serving.md, "The front door")
-    server = uvicorn.Server(uvicorn.Config(app_, host=host, port=port, log_level="warning",
-                                           **server_options(cfg.serve)))
+    # head and body deadlines, per-client and total connection caps, keep-alive and header limits of the serve:
+    # section (docs/serving.md, "The front door")
+    server = guarded_server(app_, cfg.serve, host=host, port=port)
     server.run(sockets=[sock])
 
 
