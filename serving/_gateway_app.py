@@ -17,16 +17,19 @@ Trino error documents, which the client raises as ``TrinoQueryError`` /
 from __future__ import annotations
 
 import asyncio
+import functools
+import math
 import time
 import urllib.parse
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from sloctl.serving._gateway_trino import column, error_doc, stats_doc
 
-__all__ = ["create_gateway_app", "parse_session"]
+__all__ = ["create_gateway_app", "parse_session", "render_metrics"]
 
 
 def parse_session(header: str | None) -> dict[str, str]:
@@ -47,55 +50,125 @@ def parse_session(header: str | None) -> dict[str, str]:
     return out
 
 
-def create_gateway_app(gateway: Any) -> Any:
-    """A FastAPI app serving ``gateway`` (a started :class:`~sloctl.serving.gateway.Gateway`)."""
+async def _read_body(request: Request, limit_bytes: int) -> bytes | None:
+    """The body, or ``None`` once it is longer than ``limit_bytes`` (never read past the limit)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
+    """A FastAPI app serving ``gateway`` (a started :class:`~sloctl.serving.gateway.Gateway`).
+
+    Args:
+        gateway: the gateway.
+        auth: a :class:`~sloctl.serving._gateway_auth.GatewayAuth` (password
+            file and/or JWT); ``None``: no authentication, the user is the
+            ``X-Trino-User`` header (``sloctl gateway`` allows that on loopback only).
+    """
+    from sloctl.serving._gateway_auth import AuthError, GatewayAuth, may_read
+
     app = FastAPI(title="sloctl SLO gateway (Trino protocol)", version="1")
     started = time.time()
+    auth = auth if auth is not None else GatewayAuth.off()
 
-    def bad(message: str, field: str, status: int = 400) -> JSONResponse:
-        return JSONResponse({"error": message, "field": field}, status_code=status)
+    def bad(message: str, field: str, status: int = 400, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse({"error": message, "field": field}, status_code=status, headers=headers)
+
+    async def principal_of(request: Request) -> Any:
+        """The authenticated principal, or a 401/403/400 response.
+
+        A password check (bcrypt, tens of milliseconds) runs on a worker
+        thread, never on the event loop that serves every other client.
+        """
+        check = functools.partial(auth.authenticate, request.headers.get("authorization"),
+                                  trino_user=request.headers.get("x-trino-user")
+                                  or request.headers.get("x-presto-user"),
+                                  secure=request.url.scheme == "https")
+        try:
+            return await run_in_threadpool(check) if auth.enabled else check()
+        except AuthError as exc:  # 401 (credentials), 403 (impersonation, plain HTTP), 400 (no user)
+            return bad(exc.message, exc.field or "authorization", exc.status, exc.headers())
+
+    async def owned(request: Request, query_id: str, slug: str | None = None) -> Any:
+        """``(principal, query)`` when the caller may see the query, else an error response (404: never say whose)."""
+        principal = await principal_of(request)
+        if isinstance(principal, Response):
+            return principal
+        q = gateway.get(query_id)
+        if q is None or (slug is not None and q.slug != slug) or not may_read(principal, q.user):
+            return bad(f"unknown query {query_id!r} (finished results are kept {gateway.options.result_ttl_s:g} s)",
+                       "query_id", 404)
+        return principal, q
 
     def uri(request: Request, path: str) -> str:
         return str(request.base_url).rstrip("/") + path
 
-    def document(request: Request, q: Any, page: int = 0) -> dict[str, Any]:
-        """The ``QueryResults`` document of ``q`` now: its state, or result page ``page``, or its error."""
+    def document(request: Request, q: Any, index: int) -> dict[str, Any]:
+        """The ``QueryResults`` document of ``q`` now: its state, result page ``index``, or its error.
+
+        Reading page ``index`` frees the pages before it at the gateway and
+        lets the worker send more (results stream, the buffer stays bounded).
+        """
         now = gateway.now_s()
+        rows = gateway.page(q, index)
+        done = q.done.is_set()
         end = q.end_s if q.end_s is not None else now
         placed = q.attempts[0]["arrival_s"] if q.attempts else end
-        extra = {"class": q.klass, "template": q.template, "slo_s": q.slo_s, "outcome": q.outcome,
+        extra = {"class": q.klass, "template": q.template, "slo_s": q.slo_s if math.isfinite(q.slo_s) else None,
+                 "outcome": q.outcome,
                  "attempts": len(q.attempts), "cluster_id": q.attempts[-1]["cluster_id"] if q.attempts else None,
                  "router": gateway.router_kind()}
-        state = q.state
-        rows = q.data or []
-        size = gateway.options.page_rows
-        more = state == "FINISHED" and (page + 1) * size < len(rows)
+        next_index = index + 1 if rows is not None else index
+        more = q.state != "FAILED" and (not done or next_index < q.pages_received)
+        state = q.state if not more else ("QUEUED" if q.state == "QUEUED" else "RUNNING")
         doc: dict[str, Any] = {"id": q.query_id, "infoUri": uri(request, f"/v1/query/{q.query_id}"),
-                               "stats": stats_doc("RUNNING" if more else state,
-                                                  elapsed_ms=int(1000 * (end - q.submitted_s)),
+                               "stats": stats_doc(state, elapsed_ms=int(1000 * (end - q.submitted_s)),
                                                   queued_ms=int(1000 * max(0.0, placed - q.submitted_s)),
-                                                  rows=len(rows), extra=extra),
+                                                  rows=q.rows, extra=extra),
                                "warnings": []}
-        if state == "FAILED":
+        if q.state == "FAILED":
             doc["error"] = error_doc(q.error)
-        elif state == "FINISHED":
-            doc["columns"] = [column(name, kind) for name, kind in (q.columns or [])]
-            doc["data"] = rows[page * size:(page + 1) * size]
-            if more:  # token t >= 1 is page t - 1
-                doc["nextUri"] = uri(request, f"/v1/statement/executing/{q.query_id}/{q.slug}/{page + 2}")
-        else:
+            return doc
+        if q.columns is not None:
+            doc["columns"] = [column(name, kind) for name, kind in q.columns]
+        if rows is not None:
+            doc["data"] = rows
+        if more:  # token t >= 1 asks for page t - 1
             phase = "queued" if state == "QUEUED" else "executing"
-            doc["nextUri"] = uri(request, f"/v1/statement/{phase}/{q.query_id}/{q.slug}/0")
+            doc["nextUri"] = uri(request, f"/v1/statement/{phase}/{q.query_id}/{q.slug}/{next_index + 1}")
         return doc
+
+    def respond(request: Request, q: Any, index: int) -> JSONResponse:
+        headers = {}
+        if q.session_update is not None:
+            action, name, value = q.session_update
+            if action == "set":
+                headers["X-Trino-Set-Session"] = f"{name}={value}"
+            else:
+                headers["X-Trino-Clear-Session"] = name
+        return JSONResponse(document(request, q, index), headers=headers)
 
     @app.post("/v1/statement")
     async def statement(request: Request) -> Any:
-        sql = (await request.body()).decode("utf-8", errors="replace").strip()
+        principal = await principal_of(request)
+        if isinstance(principal, Response):
+            return principal
+        limit = gateway.options.max_query_length
+        body = await _read_body(request, 4 * limit)  # UTF-8: at most 4 bytes a character
+        if body is None or len(text := body.decode("utf-8", errors="replace")) > limit:
+            return bad(f"The query text is longer than the gateway's limit of {limit} characters "
+                       "(max_query_length, Trino's query.max-length).", "body", 413)
+        sql = text.strip()
         if not sql:
             return bad("SQL statement is empty", "body")
-        user = request.headers.get("x-trino-user") or request.headers.get("x-presto-user")
-        if not user:
-            return bad("The X-Trino-User header is required (the Trino client sends it).", "x-trino-user")
         try:
             session = parse_session(request.headers.get("x-trino-session"))
         except ValueError as exc:
@@ -110,53 +183,71 @@ def create_gateway_app(gateway: Any) -> Any:
                 return bad(f"The X-Sloctl-Slo-S header must be a number of seconds > 0, got {slo_header!r}.",
                            "x-sloctl-slo-s")
         try:
-            q = gateway.submit(sql, user=user, tags=tags,
+            q = gateway.submit(sql, user=principal.user, tags=tags,
                                source=request.headers.get("x-trino-source"), session=session, slo_s=slo_s)
         except ValueError as exc:
             field = "x-sloctl-slo-s" if slo_header is not None else "x-trino-session"
             return bad(str(exc), field)
-        return document(request, q)
+        return respond(request, q, 0)
 
-    async def wait(q: Any) -> None:
+    async def wait(q: Any, index: int) -> None:
+        """Until page ``index`` is there or the query ended, at most ``max_wait_s``."""
         deadline = time.monotonic() + gateway.options.max_wait_s
-        while not q.done.is_set() and time.monotonic() < deadline:
+        while not q.done.is_set() and index not in q.pages and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
 
     @app.get("/v1/statement/{phase}/{query_id}/{slug}/{token}")
     async def next_page(phase: str, query_id: str, slug: str, token: int, request: Request) -> Any:
-        q = gateway.get(query_id)
-        if q is None or q.slug != slug:
-            return bad(f"unknown query {query_id!r} (finished results are kept {gateway.options.result_ttl_s:g} s)",
-                       "query_id", 404)
+        found = await owned(request, query_id, slug)
+        if isinstance(found, Response):
+            return found
+        _, q = found
         if token < 0:
             return bad(f"the page token must be >= 0, got {token}", "token")
-        if token == 0:  # a poll: wait for news, then the state or the first page
-            await wait(q)
-        return document(request, q, max(0, token - 1))
+        gateway.touch(q)
+        index = max(0, token - 1)
+        await wait(q, index)
+        return respond(request, q, index)
 
     @app.delete("/v1/statement/{phase}/{query_id}/{slug}/{token}")
-    async def cancel(phase: str, query_id: str, slug: str, token: int) -> Response:
-        q = gateway.get(query_id)
-        if q is None or q.slug != slug:
-            return bad(f"unknown query {query_id!r}", "query_id", 404)
+    async def cancel(phase: str, query_id: str, slug: str, token: int, request: Request) -> Response:
+        found = await owned(request, query_id, slug)
+        if isinstance(found, Response):
+            return found
         gateway.cancel(query_id)
         return Response(status_code=204)
 
     @app.get("/v1/query/{query_id}")
-    async def query_info(query_id: str) -> Any:
-        q = gateway.get(query_id)
-        if q is None:
-            return bad(f"unknown query {query_id!r}", "query_id", 404)
-        return q.summary()
+    async def query_info(query_id: str, request: Request) -> Any:
+        found = await owned(request, query_id)
+        if isinstance(found, Response):
+            return found
+        return found[1].summary()
 
     @app.get("/v1/info")
     async def info() -> Any:
         return {"nodeVersion": {"version": "sloctl-gateway"}, "environment": "sloctl", "coordinator": True,
                 "starting": False, "uptime": f"{time.time() - started:.0f}s"}
 
+    async def admin(request: Request) -> Any:
+        principal = await principal_of(request)
+        if isinstance(principal, Response) or not auth.enabled or principal.is_admin:
+            return principal
+        return bad("This view is for the gateway's admin role.", "authorization", 403)
+
     @app.get("/v1/gateway")
-    async def status() -> Any:
+    async def status(request: Request) -> Any:
+        denied = await admin(request)
+        if isinstance(denied, Response):
+            return denied
         return gateway.status()
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Any:
+        denied = await admin(request)
+        if isinstance(denied, Response):
+            return denied
+        return Response(render_metrics(gateway.status()), media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")
     async def healthz() -> Any:
@@ -165,8 +256,27 @@ def create_gateway_app(gateway: Any) -> Any:
     @app.get("/readyz")
     async def readyz() -> Any:
         view = gateway.status()
-        ready = any(c["ready"] for c in view["clusters"])
-        return JSONResponse({"ready": ready, "router": view["router"], "model": view["model"],
-                             "slots": view["slots"]}, status_code=200 if ready else 503)
+        ready = any(c["ready"] for c in view["clusters"]) and not view["draining"]
+        return JSONResponse({"ready": ready, "draining": view["draining"], "router": view["router"],
+                             "model": view["model"]}, status_code=200 if ready else 503)
 
     return app
+
+
+def render_metrics(view: dict[str, Any]) -> str:
+    """The gateway's counters in Prometheus' text format (``sloctl_gateway_*``)."""
+    lines = ["# HELP sloctl_gateway_queries_total Queries by what happened to them.",
+             "# TYPE sloctl_gateway_queries_total counter"]
+    lines += [f'sloctl_gateway_queries_total{{event="{name}"}} {value}' for name, value in view["counts"].items()]
+    lines += ["# HELP sloctl_gateway_log_errors_total Query-log failures (featurization, writes); the log goes on.",
+              "# TYPE sloctl_gateway_log_errors_total counter"]
+    errors = {k: v for k, v in view.get("log_errors", {}).items() if isinstance(v, int | float)}
+    lines += [f'sloctl_gateway_log_errors_total{{kind="{kind}"}} {value}'
+              for kind, value in (errors or {"featurize": 0, "write": 0}).items()]
+    lines += ["# HELP sloctl_gateway_worker_restarts_total Cluster workers replaced after they died.",
+              "# TYPE sloctl_gateway_worker_restarts_total counter",
+              f"sloctl_gateway_worker_restarts_total {view.get('restarts_total', 0)}",
+              "# HELP sloctl_gateway_ready_clusters Clusters taking queries now.",
+              "# TYPE sloctl_gateway_ready_clusters gauge",
+              f"sloctl_gateway_ready_clusters {sum(bool(c['ready']) for c in view['clusters'])}"]
+    return "\n".join(lines) + "\n"

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-__all__ = ["ClassPolicy", "GatewayPolicy", "load_gateway_policy"]
+__all__ = ["ClassPolicy", "GatewayPolicy", "UserRule", "load_gateway_policy"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ class ClassPolicy:
         retries: ``k``, attempts after the first one on a failure or a timeout.
         slo_s: the class's SLO when neither the client nor the SLO table gives one (``None``: none).
         attempt_timeout_s: one attempt's timeout (``None``: the policy's).
+        max_run_time_s: the longest a query may take from submission through every
+            attempt (Trino's ``query.max-run-time``; ``None``: the policy's); past
+            it the query fails with ``EXCEEDED_TIME_LIMIT`` and is not retried.
     """
 
     name: str
@@ -55,6 +59,7 @@ class ClassPolicy:
     retries: int = 1
     slo_s: float | None = None
     attempt_timeout_s: float | None = None
+    max_run_time_s: float | None = None
 
     def validate(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -76,13 +81,27 @@ class ClassPolicy:
         if not (isinstance(self.max_defer_s, int | float) and math.isfinite(self.max_defer_s)
                 and self.max_defer_s >= 0):
             raise bad("max_defer_s", "a number of seconds >= 0")
-        for name in ("slo_s", "attempt_timeout_s"):
+        for name in ("slo_s", "attempt_timeout_s", "max_run_time_s"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise bad(name, "a number of seconds > 0 or null")
 
 
 _CLASS_FIELDS = tuple(f.name for f in dataclasses.fields(ClassPolicy) if f.name != "name")
+
+
+@dataclass(frozen=True)
+class UserRule:
+    """Which classes the users whose name matches ``user`` (a regular expression, whole name) may use.
+
+    The first class is the one their queries get when they name none of the others.
+    """
+
+    user: str
+    classes: tuple[str, ...]
+
+    def matches(self, user: str) -> bool:
+        return re.fullmatch(self.user, user) is not None
 
 
 @dataclass(frozen=True)
@@ -94,6 +113,13 @@ class GatewayPolicy:
         default_class: the class of a query that names none (or an unknown one).
         attempt_timeout_s: one attempt's timeout unless its class sets one.
         retry_service: the service of a retry-policy whose budgets apply here.
+        max_run_time_s: a query's longest run, submission to end over every
+            attempt, unless its class sets one (Trino's ``query.max-run-time``).
+        client_timeout_s: a query whose client has not polled for this long is
+            cancelled and its result dropped (Trino's ``query.client.timeout``).
+        users: rules mapping users to the classes they may use, first match
+            wins; with rules, a user no rule matches gets ``default_class`` only.
+            Without rules, any client tag naming a class is taken.
         provenance: where the document and its overrides came from.
     """
 
@@ -106,6 +132,9 @@ class GatewayPolicy:
     default_class: str = "low"
     attempt_timeout_s: float = 60.0
     retry_service: str = "warehouse"
+    max_run_time_s: float = 300.0
+    client_timeout_s: float = 300.0
+    users: tuple[UserRule, ...] = ()
     provenance: Mapping[str, str] = field(default_factory=lambda: {"source": "library defaults"})
 
     def __post_init__(self) -> None:
@@ -122,6 +151,21 @@ class GatewayPolicy:
                 and self.attempt_timeout_s > 0):
             raise ValueError(f"The 'attempt_timeout_s' field of gateway-policy must be a number of seconds > 0, "
                              f"got {self.attempt_timeout_s!r}.")
+        for name in ("max_run_time_s", "client_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise ValueError(f"The '{name}' field of gateway-policy must be a number of seconds > 0, "
+                                 f"got {value!r}.")
+        for i, rule in enumerate(self.users):
+            try:
+                re.compile(rule.user)
+            except (re.error, TypeError) as exc:
+                raise ValueError(f"The 'users[{i}].user' field of gateway-policy must be a regular expression, "
+                                 f"got {rule.user!r} ({exc}).") from None
+            unknown = [c for c in rule.classes if c not in self.classes]
+            if not rule.classes or unknown:
+                raise ValueError(f"The 'users[{i}].classes' field of gateway-policy must list classes of "
+                                 f"{', '.join(self.classes)}, got {list(rule.classes)!r}.")
 
     def klass(self, name: str | None) -> ClassPolicy:
         """The class ``name`` (the default class when ``None`` or unknown)."""
@@ -131,9 +175,25 @@ class GatewayPolicy:
         cls = self.klass(name)
         return cls.attempt_timeout_s if cls.attempt_timeout_s is not None else self.attempt_timeout_s
 
+    def run_time_s(self, name: str) -> float:
+        """The class's ``max_run_time_s`` (the policy's when it sets none)."""
+        cls = self.klass(name)
+        return cls.max_run_time_s if cls.max_run_time_s is not None else self.max_run_time_s
+
+    def allowed(self, user: str) -> tuple[str, ...]:
+        """The classes ``user`` may use, its default first (every class, the default first, without rules)."""
+        for rule in self.users:
+            if rule.matches(user):
+                return rule.classes
+        if self.users:
+            return (self.default_class,)
+        return (self.default_class, *(c for c in self.classes if c != self.default_class))
+
     def to_doc(self) -> dict[str, Any]:
         return {"kind": self.kind, "version": self.version, "default_class": self.default_class,
                 "attempt_timeout_s": float(self.attempt_timeout_s), "retry_service": self.retry_service,
+                "max_run_time_s": float(self.max_run_time_s), "client_timeout_s": float(self.client_timeout_s),
+                "users": [{"user": r.user, "classes": list(r.classes)} for r in self.users],
                 "classes": {name: {k: getattr(c, k) for k in _CLASS_FIELDS} for name, c in self.classes.items()},
                 "provenance": dict(self.provenance)}
 
@@ -142,7 +202,8 @@ class GatewayPolicy:
         """Parse and validate a document; unknown keys are an error naming the field."""
         if not isinstance(doc, Mapping):
             raise ValueError(f"A gateway-policy must be a mapping, got {type(doc).__name__}.")
-        known = {"kind", "version", "default_class", "attempt_timeout_s", "retry_service", "classes", "provenance"}
+        known = {"kind", "version", "default_class", "attempt_timeout_s", "retry_service", "classes", "provenance",
+                 "max_run_time_s", "client_timeout_s", "users"}
         unknown = sorted(set(doc) - known)
         if unknown:
             raise ValueError(f"The gateway-policy has unknown field {unknown[0]!r} "
@@ -167,8 +228,23 @@ class GatewayPolicy:
                                  f"(known: {', '.join(_CLASS_FIELDS)}).")
             classes[str(name)] = ClassPolicy(str(name), **settings)
         default = doc.get("default_class", min(classes.values(), key=lambda c: c.priority).name)
+        rules = doc.get("users") or []
+        if not isinstance(rules, list) or not all(isinstance(r, Mapping) for r in rules):
+            raise ValueError(f"The 'users' field of gateway-policy must be a list of {{user, classes}} rules, "
+                             f"got {rules!r}.")
+        users = []
+        for i, rule in enumerate(rules):
+            bad = sorted(set(rule) - {"user", "classes"})
+            if bad or "user" not in rule or "classes" not in rule:
+                raise ValueError(f"The 'users[{i}]' field of gateway-policy must hold exactly 'user' (a regular "
+                                 f"expression) and 'classes' (a list), got {dict(rule)!r}.")
+            names = rule["classes"]
+            names = [names] if isinstance(names, str) else list(names or [])
+            users.append(UserRule(str(rule["user"]), tuple(str(c) for c in names)))
         return cls(classes=classes, default_class=default,
                    attempt_timeout_s=doc.get("attempt_timeout_s", 60.0),
+                   max_run_time_s=doc.get("max_run_time_s", 300.0),
+                   client_timeout_s=doc.get("client_timeout_s", 300.0), users=tuple(users),
                    retry_service=str(doc.get("retry_service", "warehouse")),
                    provenance={**dict(doc.get("provenance") or {}), "source": source})
 

@@ -69,6 +69,7 @@ from sloctl.registry.routers import build_router, router_templates
 from sloctl.serving._gateway_log import AttemptLog
 from sloctl.serving._gateway_policy import GatewayPolicy
 from sloctl.serving._gateway_routers import GatewayRouter, LeastQueuedRouter, RandomRouter
+from sloctl.serving._gateway_sql import DEFAULT_MAX_QUERY_LENGTH, check_statement
 from sloctl.serving._gateway_trino import TrinoError, error
 from sloctl.serving.live import PoolBackend
 from sloctl.serving.runtime import ModelSlot
@@ -78,10 +79,32 @@ __all__ = ["ROUTERS", "Gateway", "GatewayOptions", "GatewayQuery"]
 #: Placement policies the gateway can run: sloctl's router and the two Trino Gateway baselines.
 ROUTERS = ("sloctl", "least-queued", "random")
 
-#: DuckDB errors that come from the query itself: retrying elsewhere cannot help.
-_USER_ERRORS = ("ParserException", "BinderException", "CatalogException", "ConversionException",
-                "InvalidInputException", "NotImplementedException", "OutOfRangeException", "SyntaxException",
-                "InvalidTypeException", "TypeMismatchException", "DependencyException", "PermissionException")
+#: DuckDB errors that come from the query itself (retrying elsewhere cannot help), as Trino names them.
+_USER_ERRORS = {
+    "ParserException": "SYNTAX_ERROR", "BinderException": "SYNTAX_ERROR", "CatalogException": "SYNTAX_ERROR",
+    "ConversionException": "SYNTAX_ERROR", "InvalidInputException": "SYNTAX_ERROR",
+    "NotImplementedException": "NOT_SUPPORTED", "OutOfRangeException": "SYNTAX_ERROR",
+    "SyntaxException": "SYNTAX_ERROR", "InvalidTypeException": "SYNTAX_ERROR", "TypeMismatchException": "SYNTAX_ERROR",
+    "DependencyException": "SYNTAX_ERROR",
+    # the worker's sandbox refused it (file access, COPY, ATTACH, INSTALL, a locked setting)
+    "PermissionException": "PERMISSION_DENIED",
+    # the worker's memory_limit: the query's failure, never the cluster's, and never retried
+    "OutOfMemoryException": "EXCEEDED_LOCAL_MEMORY_LIMIT",
+}
+
+
+def _query_error(message: str) -> TrinoError | None:
+    """The Trino error of an attempt that failed through its own fault, or ``None`` (retry may help)."""
+    name = _USER_ERRORS.get(message.split(":", 1)[0])
+    if name is None:
+        return None
+    if name == "SYNTAX_ERROR" and "lock_configuration" in message:
+        name = "PERMISSION_DENIED"  # a setting the sandbox locked
+    if name == "PERMISSION_DENIED":
+        message = f"Access Denied: {message}"
+    elif name == "EXCEEDED_LOCAL_MEMORY_LIMIT":
+        message = f"Query exceeded the cluster worker's memory limit: {message}"
+    return error(name, message)
 
 
 @dataclass(frozen=True)
@@ -110,6 +133,19 @@ class GatewayOptions:
         max_wait_s: how long a client's poll waits for news.
         result_ttl_s: a finished query's result is dropped this long after it ended.
         seed: the random router's seed.
+        max_query_length: longest query text, in characters (Trino's
+            ``query.max-length``); longer texts are refused before parsing.
+        buffer_pages: result pages a query may hold at the gateway before its
+            worker waits for the client to read them (results stream: memory
+            does not grow with the result).
+        worker_memory_limit: each cluster worker's DuckDB ``memory_limit``
+            (e.g. ``"2GB"``; ``None``: DuckDB's default, 80% of RAM); a query
+            that needs more fails with ``EXCEEDED_LOCAL_MEMORY_LIMIT``.
+        worker_temp_limit: each worker's spill limit (``max_temp_directory_size``).
+        restart_workers: replace a cluster whose worker died.
+        explain_timeout_s: how long the query log's ``EXPLAIN`` (on a worker) may take.
+        drain_grace_s: on shutdown, how long running queries may take to finish
+            before they are cancelled.
     """
 
     cluster_sizes: tuple[int, ...] = (1, 1)
@@ -132,6 +168,13 @@ class GatewayOptions:
     max_wait_s: float = 1.0
     result_ttl_s: float = 300.0
     seed: int = 0
+    max_query_length: int = DEFAULT_MAX_QUERY_LENGTH
+    buffer_pages: int = 4
+    worker_memory_limit: str | None = None
+    worker_temp_limit: str | None = None
+    restart_workers: bool = True
+    explain_timeout_s: float = 5.0
+    drain_grace_s: float = 30.0
 
     def validate(self) -> None:
         if self.router not in ROUTERS:
@@ -141,10 +184,10 @@ class GatewayOptions:
                                          for s in self.cluster_sizes):
             raise ValueError(f"The 'cluster_sizes' option of the gateway must list integers >= 1, "
                              f"got {list(self.cluster_sizes)!r}.")
-        for name in ("page_rows",):
+        for name in ("page_rows", "max_query_length", "buffer_pages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"The '{name}' option of the gateway must be >= 1, got {getattr(self, name)!r}.")
-        for name in ("max_wait_s", "result_ttl_s"):
+        for name in ("max_wait_s", "result_ttl_s", "explain_timeout_s", "drain_grace_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"The '{name}' option of the gateway must be > 0, got {getattr(self, name)!r}.")
         bad = {t: s for t, s in self.slo_table.items() if not (isinstance(s, int | float) and s > 0)}
@@ -178,13 +221,25 @@ class GatewayQuery:
     deferred_s: float = 0.0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     columns: list[tuple[str, str]] | None = None
-    data: list[list[Any]] | None = None
     error: TrinoError | None = None
     end_s: float | None = None
     cancelled: bool = False
+    polled_s: float = 0.0  # when its client last asked about it (gateway clock)
+    rows: int = 0  # rows received so far
+    pages: dict[int, list[list[Any]]] = field(default_factory=dict)  # received, not yet read past: index -> rows
+    pages_received: int = 0
+    streaming_attempt: int | None = None  # the attempt whose pages the client gets (no retry once one arrived)
+    session_update: tuple[str, str, str] | None = None  # ("set"|"reset", name, value) of a SET/RESET SESSION
     slug: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     done: threading.Event = field(default_factory=threading.Event)
     changed: threading.Event = field(default_factory=threading.Event)
+    page_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def data(self) -> list[list[Any]]:
+        """The rows still held at the gateway (pages the client has not read past), in order."""
+        with self.page_lock:
+            return [row for index in sorted(self.pages) for row in self.pages[index]]
 
     @property
     def latency_s(self) -> float | None:
@@ -247,15 +302,24 @@ class Gateway:
         self.deferred: dict[str, deque[GatewayQuery]] = {name: deque() for name in opts.policy.classes}
         self.released: dict[str, int] = dict.fromkeys(opts.policy.classes, 0)
         self.counts = {"submitted": 0, "admitted": 0, "deferred": 0, "shed": 0, "forced": 0, "retries": 0,
-                       "cancelled": 0, "finished": 0, "failed": 0}
+                       "cancelled": 0, "finished": 0, "failed": 0, "refused": 0, "abandoned": 0,
+                       "run_time_exceeded": 0, "memory_exceeded": 0}
         self._attempt_ids = itertools.count(1)
         self._query_ids = itertools.count(1)
         self._stamp = time.strftime("%Y%m%d_%H%M%S", time.gmtime())
-        self.log = AttemptLog(self.db_path, opts.log_dir, self._stamp)
+        self.log = AttemptLog(self.db_path, opts.log_dir, self._stamp, explain=self._explain)
         self._stop = threading.Event()
         self.dispatch_errors: deque[str] = deque(maxlen=20)
         self._looked_s = -math.inf  # when deferred queries were last asked about
-        self.pool = DuckDBClusterPool(self.db_path, **dict(opts.pool_options or {}))
+        self._abandon_looked_s = -math.inf  # when queries were last checked for a client that stopped polling
+        pool_options = dict(opts.pool_options or {})
+        if opts.worker_memory_limit is not None:
+            pool_options["memory_limit"] = opts.worker_memory_limit
+        if opts.worker_temp_limit is not None:
+            pool_options["temp_dir_limit"] = opts.worker_temp_limit
+        self.draining = False
+        self.restarts: list[dict[str, Any]] = []
+        self.pool = DuckDBClusterPool(self.db_path, **pool_options)
         try:
             ids = [f"c{i}" for i in range(len(opts.cluster_sizes))]
             for cid, size in zip(ids, opts.cluster_sizes, strict=True):
@@ -315,13 +379,41 @@ class Gateway:
                         "NO_NODES_AVAILABLE", "The sloctl gateway shut down while the query waited."), "shed")
         if hasattr(self, "sizer"):
             self.sizer.close()
+        with contextlib.suppress(Exception):  # plan the texts while the workers still run (failures are counted)
+            self.flush_log()
         self.pool.close()
         with self.lock:
             for attempt_id, (_, cid) in list(self.attempts.items()):
                 self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, time.monotonic(), time.monotonic(),
                                                                 "error", "gateway shut down"), retry=False)
-            self.flush_log()
+        # the rows of attempts cut by the shutdown too; never raises (a failure is printed and counted)
+        self.log.flush(self._table(), router=self.router_kind(), final=True)
         self.started = False
+
+    def drain(self, grace_s: float | None = None) -> dict[str, int]:
+        """Stop taking queries; let running and waiting ones finish within ``grace_s``, then cancel the rest.
+
+        New statements fail with ``SERVER_SHUTTING_DOWN`` from the first
+        moment; the HTTP server keeps serving result pages meanwhile (the
+        caller stops it after this returns). Returns how many finished and
+        how many were cancelled.
+        """
+        grace_s = self.options.drain_grace_s if grace_s is None else grace_s
+        with self.lock:
+            self.draining = True
+            pending = [q for q in self.queries.values() if not q.done.is_set()]
+        deadline = time.monotonic() + grace_s
+        for q in pending:
+            q.done.wait(max(0.0, deadline - time.monotonic()))
+        cancelled = 0
+        with self.lock:
+            for q in pending:
+                if not q.done.is_set():
+                    cancelled += 1
+                    self._cancel_locked(q, error("SERVER_SHUTTING_DOWN", (
+                        f"The sloctl gateway shut down: the query did not finish within the drain grace of "
+                        f"{grace_s:g} s.")), q.outcome or "cancelled")
+        return {"finished": len(pending) - cancelled, "cancelled": cancelled}
 
     def __enter__(self) -> Gateway:
         return self.start()
@@ -485,23 +577,39 @@ class Gateway:
             self._known_hashes = by_hash
         return by_hash.get(digest, f"sql-{digest[:12]}"), digest
 
-    def classify(self, tags: list[str], source: str | None) -> str:
-        """The first client tag the policy names, else the source if it names a class, else the default."""
+    def classify(self, tags: list[str], source: str | None, user: str = "") -> str:
+        """The first client tag naming a class ``user`` may use, else the source if it does, else the user's default.
+
+        Which classes a user may use comes from the policy's ``users`` rules
+        (every class without rules), so a stranger cannot tag itself into a
+        more important class.
+        """
+        allowed = self.policy.allowed(user)
         for tag in tags:
-            if tag in self.policy.classes:
+            if tag in allowed:
                 return tag
-        if source and source in self.policy.classes:
+        if source and source in allowed:
             return source
-        return self.policy.default_class
+        return allowed[0]
 
     # -- the entry point -------------------------------------------------------------
     def submit(self, sql: str, *, user: str = "", tags: list[str] | None = None, source: str | None = None,
                session: Mapping[str, str] | None = None, slo_s: float | None = None) -> GatewayQuery:
-        """Admit (place, defer or shed) one client query; returns at once.
+        """Check, then admit (place, defer or shed) one client query; returns at once.
+
+        The text is checked first (:func:`~sloctl.serving._gateway_sql.check_statement`,
+        a parse that runs nothing): empty, comment-only, multi-statement and
+        non-read texts come back already failed with a Trino error; ``SET
+        SESSION`` / ``RESET SESSION`` come back finished with the session
+        change in :attr:`GatewayQuery.session_update`.
 
         Raises:
-            ValueError: a bad session property (``slo_s`` not a number > 0).
+            ValueError: a bad session property (``slo_s`` not a number > 0), or
+                a text longer than ``max_query_length`` (the caller answers 413).
         """
+        if len(sql) > self.options.max_query_length:
+            raise ValueError(f"The query text is {len(sql)} characters long; the gateway takes at most "
+                             f"{self.options.max_query_length} (max_query_length).")
         session = dict(session or {})
         if slo_s is None and "slo_s" in session:
             try:
@@ -512,18 +620,31 @@ class Gateway:
         if slo_s is not None and not (math.isfinite(slo_s) and slo_s > 0):
             raise ValueError(f"The SLO (session property 'slo_s' or X-Sloctl-Slo-S) must be a number of seconds "
                              f"> 0, got {slo_s!r}.")
+        verdict = check_statement(sql)
         with self.lock:
             now = self.now_s()
-            klass = self.classify(tags or [], session.get("query_class", source))
+            klass = self.classify(tags or [], session.get("query_class", source), user)
             template, digest = self._template_of(sql, session.get("template"))
             if slo_s is None:
                 slo_s = self.options.slo_table.get(template, self.policy.klass(klass).slo_s)
             qid = f"{self._stamp}_{next(self._query_ids):05d}_sloctl"
             q = GatewayQuery(qid, sql, template, digest, klass, float("nan") if slo_s is None else float(slo_s),
-                             now, user=user)
+                             now, user=user, polled_s=now)
             self.queries[qid] = q
             self.counts["submitted"] += 1
-            self._admit(q, now)
+            if self.draining:
+                self._finish(q, now, error("SERVER_SHUTTING_DOWN", "The sloctl gateway is shutting down: it takes "
+                                           "no new queries."), "refused")
+            elif verdict.refused:
+                self.counts["refused"] += 1
+                self._finish(q, now, error(verdict.error_name, verdict.message), "refused")
+            elif verdict.kind in ("set_session", "reset_session"):
+                q.session_update = (verdict.kind.split("_")[0], verdict.name, verdict.value)
+                q.columns = [("result", "BOOLEAN")]
+                self._add_page(q, None, [("result", "BOOLEAN")], [[True]])
+                self._finish(q, now, None, "session")
+            else:
+                self._admit(q, now)
             return q
 
     def _admit(self, q: GatewayQuery, now: float) -> None:
@@ -588,7 +709,9 @@ class Gateway:
         finally:
             self.router.exclude = frozenset()
         cid = decision.cluster_id
-        timeout = self.policy.timeout_s(q.klass)
+        # an attempt never runs past the query's maximum run time (Trino's query.max-run-time)
+        left = self.policy.run_time_s(q.klass) - (now - q.submitted_s)
+        timeout = max(1e-3, min(self.policy.timeout_s(q.klass), left))
         q.attempts.append({"attempt": len(q.attempts) + 1, "attempt_id": attempt_id, "cluster_id": cid,
                            "arrival_s": now, "predicted_s": None if not math.isfinite(decision.predicted_s)
                            else float(decision.predicted_s), "status": "running", "fallback": decision.fallback})
@@ -596,10 +719,58 @@ class Gateway:
         q.state = "RUNNING"
         q.changed.set()
         try:
-            self.pool.submit(cid, QueryRequest(attempt_id, q.sql, timeout_s=timeout, fetch=True))
+            self.pool.submit(cid, QueryRequest(
+                attempt_id, q.sql, timeout_s=timeout, stream=True, page_rows=self.options.page_rows,
+                buffer_pages=self.options.buffer_pages,
+                on_page=lambda columns, rows, q=q, a=attempt_id: self._add_page(q, a, columns, rows)))
         except ClusterPoolError as exc:  # the cluster went away between the decision and the hand-over
             t = time.monotonic()
             self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, t, t, "error", f"cluster gone: {exc}"))
+
+    # -- result pages --------------------------------------------------------------------
+    def _add_page(self, q: GatewayQuery, attempt_id: int | None, columns: Any, rows: list[list[Any]]) -> None:
+        """A page of ``q``'s result arrived (from the pool's reader thread: only the query's own lock is taken).
+
+        The first page commits the query to its attempt: rows the client may
+        already have read cannot be taken back, so a later failure is not retried.
+        """
+        with q.page_lock:
+            if q.streaming_attempt is None:
+                q.streaming_attempt = attempt_id
+            elif q.streaming_attempt != attempt_id:
+                return  # a page of an attempt the query moved away from
+            if q.columns is None and columns is not None:
+                q.columns = [(str(n), str(t)) for n, t in columns]
+            if rows:
+                q.pages[q.pages_received] = rows
+                q.pages_received += 1
+                q.rows += len(rows)
+        q.changed.set()
+
+    def page(self, q: GatewayQuery, index: int) -> list[list[Any]] | None:
+        """Page ``index`` of ``q``'s result, freeing the pages before it (the client read past them).
+
+        ``None`` when it has not arrived yet (or was freed). Each freed page
+        lets the worker send one more: the buffer per query stays at
+        ``buffer_pages``.
+        """
+        with q.page_lock:
+            freed = [i for i in q.pages if i < index]
+            for i in freed:
+                del q.pages[i]
+            rows = q.pages.get(index)
+            attempt = q.streaming_attempt
+        if freed and attempt is not None and not q.done.is_set():
+            with self.lock:
+                placed = self.attempts.get(attempt)
+            if placed is not None:
+                with contextlib.suppress(ClusterPoolError, AttributeError):
+                    self.pool.credit(placed[1], attempt, len(freed))
+        return rows
+
+    def touch(self, q: GatewayQuery) -> None:
+        """Its client asked about ``q`` now (the client timeout counts from here)."""
+        q.polled_s = self.now_s()
 
     # -- completions -------------------------------------------------------------------
     def _dispatch(self) -> None:
@@ -630,12 +801,28 @@ class Gateway:
             changed = bool(done) or len(self.managed.routable(now)) != ready
             self._release(now, look=changed or now - self._looked_s >= 0.1)
             self._expire(now)
+            if now - self._abandon_looked_s >= 0.5:
+                self._abandon_looked_s = now
+                self._abandon(now)
 
     def _flusher(self) -> None:
         while not self._stop.wait(1.0):
             if self.log.dirty:
-                with contextlib.suppress(Exception):  # a failed write is retried at the next tick and at close
+                with contextlib.suppress(Exception):  # counted and printed by the log; retried at the next tick
                     self.flush_log()
+
+    def _explain(self, sql: str) -> str | None:
+        """``EXPLAIN (FORMAT JSON)`` of one checked statement, on a ready cluster's sandboxed worker, time-bounded.
+
+        The query log's plan features come from here: the gateway process
+        never plans or runs client SQL itself. Never takes :attr:`lock`.
+        """
+        if check_statement(sql).kind != "query":
+            return None
+        ready = [info.cluster_id for info in self.pool.clusters() if info.state == "ready"]
+        if not ready:
+            raise ClusterPoolError("no ready cluster to plan the query on")
+        return self.pool.explain(ready[0], sql, timeout_s=self.options.explain_timeout_s)
 
     def _refresh_ready(self, now: float) -> None:
         starting = self.managed.starting()
@@ -645,11 +832,17 @@ class Gateway:
                     self.managed.mark_ready(info.cluster_id, now)
 
     def _check_clusters(self, now: float) -> None:
-        """A cluster that stopped with attempts on it: fail them (they are retried) and take it out of the pool."""
+        """A cluster whose worker stopped: fail its attempts (they are retried), replace it.
+
+        The cluster leaves the pool, and with ``restart_workers`` a new one of
+        its size is spun up in its place; it joins the pool (and ``/readyz``)
+        once its worker is ready.
+        """
         self._refresh_ready(now)
-        states = {info.cluster_id: info.state for info in self.pool.clusters()}
-        for cid, cluster in self.managed.clusters.items():
-            if cluster.torn_down or states.get(cid) not in ("stopped", "failed"):
+        infos = {info.cluster_id: info for info in self.pool.clusters()}
+        for cid, cluster in list(self.managed.clusters.items()):
+            info = infos.get(cid)
+            if cluster.torn_down or info is None or info.state not in ("stopped", "failed"):
                 continue
             t = time.monotonic()
             for attempt_id, (_, on) in list(self.attempts.items()):
@@ -657,6 +850,25 @@ class Gateway:
                     self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, t, t, "error",
                                                                     f"cluster {cid} stopped while the query ran"))
             self.managed.apply([ScalingAction("tear_down", cluster_id=cid)], now)
+            if self.options.restart_workers and not self._stop.is_set() and not self.draining:
+                before = set(self.managed.clusters)
+                self.managed.apply([ScalingAction("spin_up", size=cluster.size)], now)
+                new = sorted(set(self.managed.clusters) - before)
+                self.restarts.append({"t": now, "cluster_id": cid, "replacement": new[0] if new else None,
+                                      "why": getattr(info, "failure", "") or info.state})
+
+    def _abandon(self, now: float) -> None:
+        """Cancel queries whose client stopped polling (Trino's ``query.client.timeout``) and drop their results."""
+        limit = self.policy.client_timeout_s
+        for q in [q for q in self.queries.values() if now - q.polled_s > limit]:
+            if q.done.is_set():
+                with q.page_lock:
+                    q.pages.clear()
+                continue
+            self.counts["abandoned"] += 1
+            self._cancel_locked(q, error("ABANDONED_QUERY", (
+                f"Query was abandoned: its client did not poll for {now - q.polled_s:.0f} s "
+                f"(client_timeout_s {limit:g} s).")), "abandoned")
 
     def _attempt_ended(self, attempt_id: int, done: QueryCompletion, *, retry: bool = True) -> None:
         q, cid = self.attempts.pop(attempt_id)
@@ -666,19 +878,30 @@ class Gateway:
         attempt.update(status=done.status, error=done.error or None, start_s=done.start_s - self.base, end_s=end)
         self._log_attempt(q, record, done)
         now = self.now_s()
-        if q.done.is_set():  # cancelled, or shut down, while it ran
+        if q.done.is_set():  # cancelled, abandoned or shut down while it ran
             return
         if done.status == "ok":
-            q.columns = list(done.columns or ())
-            q.data = list(done.data or [])
+            if q.columns is None and done.columns is not None:
+                q.columns = [(str(n), str(t)) for n, t in done.columns]
+            if done.data:  # a pool that sends the result whole (not streamed)
+                self._add_page(q, attempt_id, done.columns, list(done.data))
             self._finish(q, end, None, q.outcome)
             return
-        user_error = done.status == "error" and done.error.split(":", 1)[0] in _USER_ERRORS
-        if user_error:
-            self._finish(q, end, error("SYNTAX_ERROR", done.error), q.outcome)
+        err = _query_error(done.error) if done.status == "error" else None
+        if err is not None:  # the query's own fault: retrying elsewhere cannot help
+            self.counts["memory_exceeded"] += err.name == "EXCEEDED_LOCAL_MEMORY_LIMIT"
+            self._finish(q, end, err, q.outcome)
+            return
+        run_time = self.policy.run_time_s(q.klass)
+        if done.status == "timeout" and now - q.submitted_s >= run_time - 1e-2:
+            self.counts["run_time_exceeded"] += 1
+            self._finish(q, end, error("EXCEEDED_TIME_LIMIT", (
+                f"Query exceeded the maximum run time of {run_time:g} s (class {q.klass!r}, max_run_time_s); "
+                f"it was cancelled on cluster {cid} and is not retried.")), q.outcome)
             return
         k = self.policy.klass(q.klass).retries if self.options.retries else 0
-        if retry and len(q.attempts) <= k:
+        streamed = q.streaming_attempt is not None  # rows may have reached the client: no retry
+        if retry and not streamed and len(q.attempts) <= k and not self.draining:
             self.counts["retries"] += 1
             self._place(q, now, exclude=frozenset({cid}))
             return
@@ -688,9 +911,10 @@ class Gateway:
                 f"after {len(q.attempts)} attempt(s) (class {q.klass!r} retries at most {k} time(s))."))
         else:
             err = error("REMOTE_HOST_GONE" if "stopped" in done.error or "gone" in done.error
-                        or "torn down" in done.error else "GENERIC_INTERNAL_ERROR",
+                        or "torn down" in done.error or "exited" in done.error else "GENERIC_INTERNAL_ERROR",
                         f"Query failed on cluster {cid} after {len(q.attempts)} attempt(s) (class {q.klass!r} "
-                        f"retries at most {k} time(s)): {done.error}")
+                        f"retries at most {k} time(s)){' after its first rows were sent' if streamed else ''}: "
+                        f"{done.error}")
         self._finish(q, end, err, q.outcome)
 
     def _finish(self, q: GatewayQuery, end_s: float, err: TrinoError | None, outcome: str | None) -> None:
@@ -757,16 +981,22 @@ class Gateway:
                 return q is not None
             q.cancelled = True
             self.counts["cancelled"] += 1
-            for waiting in self.deferred.values():
-                if q in waiting:
-                    waiting.remove(q)
-            running = [(aid, cid) for aid, (other, cid) in self.attempts.items() if other is q]
-            self._finish(q, self.now_s(), error("USER_CANCELED", "Query was canceled by the client."),
-                         q.outcome or "cancelled")
-        for attempt_id, cid in running:
+            self._cancel_locked(q, error("USER_CANCELED", "Query was canceled by the client."),
+                                q.outcome or "cancelled")
+        return True
+
+    def _cancel_locked(self, q: GatewayQuery, err: TrinoError, outcome: str) -> None:
+        """Fail ``q`` with ``err``, take it out of its queue, interrupt its attempts, drop its pages (lock held)."""
+        for waiting in self.deferred.values():
+            if q in waiting:
+                waiting.remove(q)
+        running = [(aid, cid) for aid, (other, cid) in self.attempts.items() if other is q]
+        self._finish(q, self.now_s(), err, outcome)
+        with q.page_lock:
+            q.pages.clear()
+        for attempt_id, cid in running:  # the worker answers with a completion; nothing here waits for it
             with contextlib.suppress(ClusterPoolError):
                 self.pool.cancel(cid, attempt_id)
-        return True
 
     def running_on(self, cluster_id: str) -> int:
         return self.managed.clusters[cluster_id].running if cluster_id in self.managed.clusters else 0
@@ -833,4 +1063,13 @@ class Gateway:
                               "cost": self.cost(cid)} for cid, c in self.managed.clusters.items()],
                 "total_cost": self.cost(), "log": None if self.log.path is None
                 else str(self.log.path), "logged_attempts": len(self.log),
+                "log_errors": dict(self.log.errors), "log_last_error": self.log.last_error,
+                "draining": self.draining, "restarts": list(self.restarts)[-20:], "restarts_total": len(self.restarts),
+                "limits": {"max_query_length": self.options.max_query_length,
+                           "max_run_time_s": self.policy.max_run_time_s,
+                           "client_timeout_s": self.policy.client_timeout_s,
+                           "attempt_timeout_s": self.policy.attempt_timeout_s,
+                           "page_rows": self.options.page_rows, "buffer_pages": self.options.buffer_pages,
+                           "worker_memory_limit": self.options.worker_memory_limit,
+                           "worker_temp_limit": self.options.worker_temp_limit},
                 "events": list(self.managed.events)[-50:]}

@@ -211,9 +211,16 @@ def cli_router(cfg, predictor, log):
 def log_files(paths: Sequence[Path], option: str = "--log") -> list[Path]:
     """The query-log files ``paths`` name: each a file, or a folder standing for its ``*.parquet`` (sorted).
 
+    A folder holding a gateway manifest (``gateway-manifest.json``, written
+    by ``sloctl gateway --log-dir``) stands for the files it lists whose
+    SHA-256 still matches; one line on stderr says what was read and what was
+    skipped (not listed, checksum changed, missing), so a file copied in or
+    edited after the gateway wrote it is never trained on.
+
     Raises:
         QueryLogError: one line naming ``option`` and the path, for no path,
-            a path that does not exist or a folder without logs.
+            a path that does not exist, a folder without logs, an unreadable
+            manifest, or a manifest folder none of whose files checks out.
     """
     if not paths:
         raise QueryLogError(f"{option}: name at least one query log (or a folder of them).")
@@ -221,6 +228,7 @@ def log_files(paths: Sequence[Path], option: str = "--log") -> list[Path]:
     for path in map(Path, paths):
         if path.is_dir():
             found = sorted(p for p in path.glob("*.parquet") if p.is_file() and not p.name.startswith("."))
+            found = _vouched_files(path, found, option)
             if not found:
                 raise QueryLogError(f"{option} {path}: the folder holds no *.parquet query log.")
             files.extend(found)
@@ -229,6 +237,39 @@ def log_files(paths: Sequence[Path], option: str = "--log") -> list[Path]:
         else:
             raise QueryLogError(f"{option} {path}: query log not found (neither a file nor a folder).")
     return files
+
+
+def _vouched_files(folder: Path, found: list[Path], option: str) -> list[Path]:
+    """``found`` as the folder's gateway manifest vouches for it (all of ``found`` without a manifest)."""
+    from sloctl.serving._gateway_log import MANIFEST_NAME, file_sha256, read_manifest
+
+    try:
+        listed = read_manifest(folder)
+    except QueryLogError as exc:
+        raise QueryLogError(f"{option} {folder}: {' '.join(str(exc).split())} Move it aside to read every "
+                            "*.parquet, or name the files.") from exc
+    if listed is None:
+        return found
+    hashes = {p.name: file_sha256(p) for p in found if p.name in listed}
+    if any(listed[name]["sha256"] != digest for name, digest in hashes.items()):
+        listed = read_manifest(folder) or {}  # a live gateway replaces its file, then the manifest: look again
+        hashes = {p.name: file_sha256(p) for p in found if p.name in listed}
+    read, skipped = [], []
+    for p in found:
+        if p.name not in listed:
+            skipped.append(f"{p.name} (not listed)")
+        elif listed[p.name]["sha256"] != hashes[p.name]:
+            skipped.append(f"{p.name} (checksum changed since the gateway wrote it)")
+        else:
+            read.append(p)
+    names = {p.name for p in found}
+    skipped += [f"{name} (listed but missing)" for name in sorted(listed) if name not in names]
+    echo(f"{option} {folder}: read the {len(read)} of {len(found)} *.parquet that its {MANIFEST_NAME} lists with "
+         "their checksum" + (f"; skipped {', '.join(skipped)}" if skipped else ""))
+    if not read:
+        raise QueryLogError(f"{option} {folder}: no *.parquet in the folder matches its {MANIFEST_NAME} "
+                            f"(skipped {', '.join(skipped) or 'none'}); name the files to read them anyway.")
+    return read
 
 
 def read_logs_with_metadata(paths: Sequence[Path], option: str = "--log") -> tuple[pd.DataFrame, dict[str, str]]:

@@ -9,7 +9,7 @@ import typer
 
 from sloctl._cli_common import ConfigOption, bind_port, echo, load_cli_config, parse_sizes, read_logs
 
-__all__ = ["autoscaler_knobs", "experiment_gateway_cmd", "gateway_cmd", "slo_table"]
+__all__ = ["autoscaler_knobs", "experiment_gateway_cmd", "gateway_cmd", "gateway_passwd_cmd", "slo_table"]
 
 
 def slo_table(log_paths: list[Path] | None, kappa: float) -> dict[str, float]:
@@ -70,9 +70,25 @@ def gateway_cmd(
     retry_uri: str = typer.Option("models:/retry-policy-gateway@champion", help="Registered retry-policy giving "
                                   "each class's k (what `sloctl retry optimise -n configs/networks/gateway.yaml` "
                                   "registers); followed and hot-swapped."),
-    host: str = typer.Option("127.0.0.1", help="Address. The Trino protocol has no authentication over plain "
-                             "HTTP: keep it on loopback or behind TLS."),
+    host: str = typer.Option("127.0.0.1", help="Address. Any address but loopback needs authentication "
+                             "(--password-file or --jwt-key) and TLS (--tls-cert, --tls-key)."),
     port: int = typer.Option(8081, help="Port."),
+    password_file: Path | None = typer.Option(None, help="Users and bcrypt hashes, one 'user:hash' a line "
+                                              "(Trino's password file; `sloctl gateway passwd` writes it): HTTP "
+                                              "Basic authentication."),
+    jwt_key: Path | None = typer.Option(None, help="JWT authentication: an HS256 secret file or an RS256/ES256 "
+                                        "public key (PEM); the user is the token's 'sub'."),
+    jwt_issuer: str | None = typer.Option(None, help="The 'iss' a JWT must carry."),
+    jwt_audience: str | None = typer.Option(None, help="The 'aud' a JWT must carry."),
+    admin_user: list[str] = typer.Option(None, "--admin-user", help="A user with the admin role (reads every "
+                                         "query, /v1/gateway, /metrics; may impersonate). Repeatable."),
+    tls_cert: Path | None = typer.Option(None, help="TLS certificate (PEM): serve https://."),
+    tls_key: Path | None = typer.Option(None, help="TLS private key (PEM) of --tls-cert."),
+    insecure_auth: bool = typer.Option(False, "--insecure-auth", help="Accept credentials over plain HTTP "
+                                       "(only behind a TLS terminator on this host)."),
+    memory_limit: str = typer.Option("2GB", help="Each cluster worker's DuckDB memory_limit: a query needing "
+                                     "more fails with EXCEEDED_LOCAL_MEMORY_LIMIT, the cluster goes on."),
+    drain_grace_s: float = typer.Option(30.0, help="On SIGTERM: how long running queries may take to finish."),
     as_json: bool = typer.Option(False, "--json", help="Print the gateway's state at start as one JSON line."),
     config: Path | None = ConfigOption,
 ) -> None:
@@ -82,6 +98,7 @@ def gateway_cmd(
     from sloctl._cli_experiments import _live_db
     from sloctl.serving._gateway_app import create_gateway_app
     from sloctl.serving._gateway_policy import load_gateway_policy
+    from sloctl.serving._gateway_server import DrainingServer
     from sloctl.serving.gateway import ROUTERS, Gateway, GatewayOptions
     from sloctl.serving.runtime import load_templates_table
 
@@ -98,6 +115,14 @@ def gateway_cmd(
     table = slo_table(slo_log, kappa)
     templates = load_templates_table(templates_log or cfg.serve.templates_log)
     knobs = autoscaler_knobs(autoscaler)
+    auth = gateway_auth(password_file, jwt_key, jwt_issuer, jwt_audience, admin_user or [], insecure_auth)
+    tls = tls_options(tls_cert, tls_key)
+    if not _loopback(host) and not (auth.enabled and (tls or insecure_auth)):
+        raise typer.BadParameter(f"{host} is not a loopback address: serving strangers needs authentication "
+                                 "(--password-file or --jwt-key) and TLS (--tls-cert and --tls-key)",
+                                 param_hint="--host")
+    if not drain_grace_s >= 0:
+        raise typer.BadParameter(f"must be >= 0; got {drain_grace_s}", param_hint="--drain-grace-s")
     sock = bind_port(host, port)  # a taken port is exit 2, one line, before clusters start
     serve = cfg.serve
     options = GatewayOptions(
@@ -105,24 +130,127 @@ def gateway_cmd(
         policy=gateway_policy, slo_table=table, log_dir=log_dir, tracking_uri=cfg.registry.tracking_uri,
         model_uri=serve.model_uri, fallback_uri=serve.fallback_uri, admission_uri=serve.admission_uri,
         retry_uri=retry_uri, watch_interval_s=serve.watch_interval_s,
-        pool_options=cfg.warehouse.pool_options() if budgets else None, autoscaler=knobs)
+        pool_options=cfg.warehouse.pool_options() if budgets else None, autoscaler=knobs,
+        worker_memory_limit=memory_limit, drain_grace_s=drain_grace_s)
+    try:
+        options.validate()
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     gateway = Gateway(database, options, templates=templates).start()
     try:
         state = gateway.status()
-        address = f"http://{host}:{sock.getsockname()[1]}"
+        address = f"{'https' if tls else 'http'}://{host}:{sock.getsockname()[1]}"
         if as_json:
             typer.echo(json.dumps({"url": address, "database": str(database), **state}))
         else:
             typer.echo(f"sloctl gateway (Trino protocol) on {address}: {len(cluster_sizes)} clusters "
                        f"{list(cluster_sizes)} on {database}, router {state['router']}, admission "
                        f"{'on' if admission else 'off'}, retries {'on' if retries else 'off'}; query log in {log_dir}/")
+        if auth.enabled:
+            kinds = [n for n, on in (("password file", auth.password_file), ("JWT", auth.jwt)) if on]
+            echo(f"authentication: {' and '.join(kinds)}"
+                 f"{', TLS' if tls else ', over plain HTTP (--insecure-auth)'}; admin users: "
+                 f"{', '.join(sorted(auth.admin_users)) or 'none'}")
+        else:
+            echo("authentication: OFF (loopback only): any local process may act as any user; "
+                 "see docs/gateway.md to turn it on")
         echo(f"connect: trino.dbapi.connect(host={host!r}, port={sock.getsockname()[1]}, user='me', "
              "client_tags=['high'])")
-        server = uvicorn.Server(uvicorn.Config(create_gateway_app(gateway), host=host, port=port,
-                                               log_level="warning"))
+        server = DrainingServer(uvicorn.Config(create_gateway_app(gateway, auth), host=host, port=port,
+                                               log_level="warning", **tls, **guard_options(cfg.serve)), gateway)
         server.run(sockets=[sock])
     finally:
         gateway.close()
+
+
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def gateway_auth(password_file: Path | None, jwt_key: Path | None, issuer: str | None, audience: str | None,
+                 admins: list[str], insecure: bool):
+    """The gateway's :class:`~sloctl.serving._gateway_auth.GatewayAuth` from its options (exit 2 on bad files)."""
+    from sloctl.serving._gateway_auth import GatewayAuth, JwtVerifier, PasswordFile
+
+    try:
+        passwords = PasswordFile.load(password_file) if password_file is not None else None
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--password-file") from None
+    try:
+        jwt = JwtVerifier(jwt_key, issuer=issuer, audience=audience) if jwt_key is not None else None
+    except (OSError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--jwt-key") from None
+    if (admins or insecure) and passwords is None and jwt is None:
+        raise typer.BadParameter("needs authentication on (--password-file or --jwt-key)",
+                                 param_hint="--admin-user" if admins else "--insecure-auth")
+    return GatewayAuth(password_file=passwords, jwt=jwt, admin_users=frozenset(admins), allow_insecure=insecure)
+
+
+def tls_options(cert: Path | None, key: Path | None) -> dict:
+    """uvicorn's TLS options (``{}``: plain HTTP); both files or neither."""
+    if (cert is None) != (key is None):
+        raise typer.BadParameter("give both --tls-cert and --tls-key, or neither",
+                                 param_hint="--tls-cert" if cert is None else "--tls-key")
+    if cert is None:
+        return {}
+    for path, hint in ((cert, "--tls-cert"), (key, "--tls-key")):
+        if not path.is_file():
+            raise typer.BadParameter(f"no such file: {path}", param_hint=hint)
+    import ssl
+
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(str(cert), str(key))
+    except (ssl.SSLError, OSError) as exc:
+        raise typer.BadParameter(f"{cert} and {key} are not a PEM certificate and its key ({exc})",
+                                 param_hint="--tls-cert") from None
+    return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+
+
+def guard_options(serve) -> dict:
+    """The slow-client guard of the ``serve:`` section as uvicorn options (docs/serving.md, "The front door").
+
+    The same guard as ``sloctl serve``: a request-header and body timeout and
+    a per-client connection cap; the open-file limit is raised first, so a
+    thousand idle connections cannot exhaust descriptors.
+    """
+    from sloctl.serving._http_guard import raise_nofile_limit
+    from sloctl.serving.local import server_options
+
+    raise_nofile_limit()
+    return server_options(serve)
+
+
+def gateway_passwd_cmd(
+    out: Path = typer.Argument(..., metavar="FILE", help="The password file (created if missing, mode 0600)."),
+    user: str = typer.Argument(..., help="The user to add or whose password to change."),
+    rounds: int = typer.Option(10, help="bcrypt cost (log2 of the rounds; Trino needs >= 8)."),
+    as_json: bool = typer.Option(False, "--json", help="Print {file, user} as one JSON line."),
+) -> None:
+    """Add a user to a gateway password file, or change its password (read from stdin, or asked for)."""
+    import sys
+
+    from sloctl.serving._gateway_auth import set_password
+
+    if sys.stdin.isatty():
+        password = typer.prompt("password", hide_input=True, confirmation_prompt=True)
+    else:
+        password = sys.stdin.readline().rstrip("\n")
+    try:
+        set_password(out, user, password, rounds=rounds)
+    except ValueError as exc:
+        hint = "--rounds" if "rounds" in str(exc) else "FILE" if str(out) in str(exc) else "password"
+        raise typer.BadParameter(str(exc), param_hint=hint) from None
+    if as_json:
+        typer.echo(json.dumps({"file": str(out), "user": user}))
+    else:
+        echo(f"{out}: password of {user!r} set (bcrypt, cost {rounds})")
 
 
 def experiment_gateway_cmd(

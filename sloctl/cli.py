@@ -32,7 +32,7 @@ from sloctl._cli_common import (
 from sloctl._cli_errors import SloctlGroup
 from sloctl._cli_experiments import experiment_app
 from sloctl._cli_forecast import forecast_app
-from sloctl._cli_gateway import experiment_gateway_cmd, gateway_cmd
+from sloctl._cli_gateway import experiment_gateway_cmd, gateway_cmd, gateway_passwd_cmd
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
@@ -67,6 +67,7 @@ app.add_typer(sidecar_app, name="sidecar")
 app.add_typer(forecast_app, name="forecast")
 app.command("predict")(predict_cmd)
 app.command("gateway")(gateway_cmd)
+app.command("gateway-passwd")(gateway_passwd_cmd)
 experiment_app.command("gateway")(experiment_gateway_cmd)
 
 

@@ -116,7 +116,9 @@ def test_bad_requests_get_400_naming_the_field(served):
     session = client.post("/v1/statement", content=b"SELECT 1",
                           headers={"X-Trino-User": "u", "X-Trino-Session": "slo_s=soon"})
     assert session.status_code == 400 and "slo_s" in session.json()["error"]
-    assert client.get("/v1/statement/executing/nope/x/0").status_code == 404
+    assert client.get("/v1/statement/executing/nope/x/0", headers={"X-Trino-User": "u"}).status_code == 404
+    # following a query needs its user (the Trino client sends X-Trino-User on every request)
+    assert client.get("/v1/statement/executing/nope/x/0").status_code == 400
 
 
 def test_delete_cancels_a_running_query_on_its_cluster(served, wait_until):
@@ -125,8 +127,8 @@ def test_delete_cancels_a_running_query_on_its_cluster(served, wait_until):
     qid = first["id"]
     wait_until(lambda: gateway.get(qid).state == "RUNNING", "the query to run")
     started = time.monotonic()
-    assert client.delete(first["nextUri"]).status_code == 204
-    doc = client.get(first["nextUri"]).json()
+    assert client.delete(first["nextUri"], headers={"X-Trino-User": "u"}).status_code == 204
+    doc = client.get(first["nextUri"], headers={"X-Trino-User": "u"}).json()
     assert doc["error"]["errorName"] == "USER_CANCELED" and "nextUri" not in doc
     # the attempt was interrupted on its cluster, not left running there
     wait_until(lambda: all(c["running"] == 0 for c in gateway.status()["clusters"]), "the cluster to be idle")

@@ -1,0 +1,58 @@
+"""``sloctl gateway``'s HTTP server: uvicorn that drains the gateway on SIGTERM before it stops.
+
+uvicorn stops accepting and exits on the first SIGTERM or SIGINT, then
+raises the signal again, so the process dies before the caller's ``finally``
+runs: no final log flush, running queries cut. :class:`DrainingServer`
+instead, on the first signal, lets the gateway drain
+(:meth:`~sloctl.serving.gateway.Gateway.drain`: new statements refused with
+``SERVER_SHUTTING_DOWN``, running ones finished within the grace period,
+the rest cancelled) while it keeps serving result pages, then stops, and
+returns normally, so the caller closes the gateway and flushes its log. A
+second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+import uvicorn
+
+__all__ = ["DrainingServer"]
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose exit signal drains ``gateway`` first.
+
+    Args:
+        config: the ``uvicorn.Config``.
+        gateway: a started :class:`~sloctl.serving.gateway.Gateway`.
+        grace_s: how long running queries may take to finish (``None``: the gateway's ``drain_grace_s``).
+        log: where the drain is reported (default: stderr).
+    """
+
+    def __init__(self, config: uvicorn.Config, gateway: Any, grace_s: float | None = None, log: Any = None) -> None:
+        super().__init__(config)
+        self.gateway = gateway
+        self.grace_s = grace_s
+        self.log = log or (lambda message: print(message, file=sys.stderr, flush=True))
+        self.drained: dict[str, int] | None = None
+        self._draining = False
+
+    def handle_exit(self, sig: int, frame: Any) -> None:  # uvicorn's signal handler
+        if self._draining:  # a second signal: stop now
+            self.should_exit = self.force_exit = True
+            return
+        self._draining = True
+        threading.Thread(target=self._drain, name="sloctl-gateway-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        grace = self.gateway.options.drain_grace_s if self.grace_s is None else self.grace_s
+        self.log(f"sloctl gateway: draining (new statements refused; running queries get {grace:g} s)")
+        try:
+            self.drained = self.gateway.drain(grace)
+            self.log(f"sloctl gateway: drained ({self.drained['finished']} finished, "
+                     f"{self.drained['cancelled']} cancelled)")
+        finally:
+            self.should_exit = True
