@@ -8,7 +8,8 @@ stdin and answers JSON lines on stdout:
 
 * in:  ``{"op": "run", "query_id": 1, "sql": "...", "timeout_s": 5.0}`` (with
   ``"fetch": true`` the answer carries the result; with ``"stream": true,
-  "page_rows": 1000, "buffer_pages": 4`` the result comes in pages),
+  "page_rows": 1000, "buffer_pages": 4`` the result comes in pages, and
+  ``"stream_timeout_s"`` replaces ``timeout_s`` once the first page has left),
   ``{"op": "credit", "query_id": 1, "pages": 1}`` (a streamed query may send
   that many more pages), ``{"op": "cancel", "query_id": 1}``, ``{"op":
   "explain", "explain_id": 1, "sql": "...", "timeout_s": 5.0}``, ``{"op": "stop"}``
@@ -81,6 +82,25 @@ def _json_value(value):
     return str(value)
 
 
+def _json_default(value):
+    """``json.dumps``' fallback for the values it cannot write itself: as :func:`_json_value` writes them."""
+    if isinstance(value, list | tuple | dict):  # only reached for containers json cannot walk (odd keys)
+        raise TypeError("container")
+    return _json_value(value)
+
+
+def _page_json(rows: list) -> str:
+    """A page of rows as JSON text: the C encoder for every native value, :func:`_json_value` for the rest.
+
+    NaN and infinities (and maps with keys JSON cannot hold) make the C
+    encoder refuse the page; it is then converted value by value, as before.
+    """
+    try:
+        return json.dumps(rows, default=_json_default, allow_nan=False)
+    except (ValueError, TypeError):
+        return json.dumps([[_json_value(v) for v in row] for row in rows])
+
+
 def _sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -132,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     out_lock = threading.Lock()
 
     def emit(message: dict) -> None:
-        line = json.dumps(message)
+        emit_raw(json.dumps(message))
+
+    def emit_raw(line: str) -> None:
         with out_lock:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()
@@ -185,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             credits[query_id] -= 1
 
     def run(query_id: int, sql: str, timeout_s: float | None, fetch: bool = False, stream: bool = False,
-            page_rows: int = 1000, buffer_pages: int = 4) -> None:
+            page_rows: int = 1000, buffer_pages: int = 4, stream_timeout_s: float | None = None) -> None:
         cur = con.cursor()
         with cond:
             running[query_id] = cur
@@ -208,11 +230,19 @@ def main(argv: list[str] | None = None) -> int:
                 result = {"columns": columns}
                 emit({"kind": "columns", "query_id": query_id, "columns": columns})
                 while rows := answer.fetchmany(page_rows):
-                    page = [[_json_value(v) for v in row] for row in rows]
+                    page, count = _page_json(rows), len(rows)
                     del rows
                     wait_for_credit(query_id, deadline)
-                    emit({"kind": "page", "query_id": query_id, "rows": page})
-                    n_rows += len(page)
+                    emit_raw(f'{{"kind": "page", "query_id": {int(query_id)}, "rows": {page}}}')
+                    if n_rows == 0 and stream_timeout_s is not None and timer is not None:
+                        # rows have left: the attempt can no longer be retried, so from here on only the
+                        # longer stream_timeout_s bounds it (the consumer's pace sets how long it takes)
+                        timer.cancel()
+                        deadline = start_s + max(stream_timeout_s, timeout_s or 0.0)
+                        timer = threading.Timer(max(0.0, deadline - time.monotonic()), cur.interrupt)
+                        timer.daemon = True
+                        timer.start()
+                    n_rows += count
             else:
                 rows = cur.execute(sql).fetchall()
                 n_rows = len(rows)
@@ -278,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         if op == "run":
             start(run, message["query_id"], message["sql"], message.get("timeout_s"),
                   bool(message.get("fetch", False)), bool(message.get("stream", False)),
-                  int(message.get("page_rows", 1000)), int(message.get("buffer_pages", 4)))
+                  int(message.get("page_rows", 1000)), int(message.get("buffer_pages", 4)),
+                  message.get("stream_timeout_s"))
         elif op == "credit":
             with cond:
                 if message["query_id"] in credits:

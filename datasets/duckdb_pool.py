@@ -346,6 +346,8 @@ class DuckDBClusterPool:
                     raise ClusterPoolError(f"The '{name}' parameter of a QueryRequest must be an integer >= 1, "
                                            f"got {value!r}.")
             message.update(stream=True, page_rows=request.page_rows, buffer_pages=request.buffer_pages)
+            if request.stream_timeout_s is not None:
+                message["stream_timeout_s"] = request.stream_timeout_s
         elif request.fetch:
             message["fetch"] = True
         with self._cond:

@@ -45,6 +45,11 @@ class QueryRequest:
         page_rows: the most rows in one page (``stream`` only).
         buffer_pages: pages the worker may send before the first credit
             (``stream`` only).
+        stream_timeout_s: once the first page has been sent, the query may
+            run until this long after its start instead of ``timeout_s``
+            (``stream`` only; ``None``: ``timeout_s`` throughout). Rows that
+            left cannot be taken back, so a caller that retries on a timeout
+            keeps ``timeout_s`` short and lets a streaming result run on.
         on_page: called as ``on_page(columns, rows)`` once per page, in order,
             on the pool's reader thread of that cluster (keep it short: hand the
             rows on, then call ``credit``); ``columns`` are ``(name, type)``
@@ -62,6 +67,7 @@ class QueryRequest:
     stream: bool = False
     page_rows: int = 1000
     buffer_pages: int = 4
+    stream_timeout_s: float | None = None
     on_page: Callable[[tuple[tuple[str, str], ...], list[list]], None] | None = None
 
 

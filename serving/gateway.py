@@ -721,7 +721,7 @@ class Gateway:
         try:
             self.pool.submit(cid, QueryRequest(
                 attempt_id, q.sql, timeout_s=timeout, stream=True, page_rows=self.options.page_rows,
-                buffer_pages=self.options.buffer_pages,
+                buffer_pages=self.options.buffer_pages, stream_timeout_s=max(timeout, left),
                 on_page=lambda columns, rows, q=q, a=attempt_id: self._add_page(q, a, columns, rows)))
         except ClusterPoolError as exc:  # the cluster went away between the decision and the hand-over
             t = time.monotonic()

@@ -213,3 +213,29 @@ def test_streaming_six_million_rows_keeps_the_worker_small(tmp_path_factory):
         print(f"worker RSS {base_rss / 2**20:.0f} MiB at start, {peak_rss / 2**20:.0f} MiB at peak; "
               f"{done[0].end_s - done[0].start_s:.1f} s")
         assert peak_rss < 600 * 2**20
+
+
+@pytest.mark.parametrize("stream_timeout_s,status", [(None, "timeout"), (30.0, "ok")])
+def test_once_rows_have_left_the_stream_timeout_bounds_the_query(cluster, stream_timeout_s, status):
+    """A consumer slower than ``timeout_s``: cut at it, unless ``stream_timeout_s`` lets the stream run on."""
+    pool, cid = cluster
+    qid = 900 + (stream_timeout_s is None)
+    pages = Pages()
+    pool.submit(cid, QueryRequest(qid, "SELECT i FROM range(50) t(i)", timeout_s=0.4, stream=True, page_rows=10,
+                                  buffer_pages=1, stream_timeout_s=stream_timeout_s, on_page=pages))
+    for _ in range(4):  # one page every 0.25 s: 1 s in all, past the 0.4 s timeout
+        time.sleep(0.25)
+        pool.credit(cid, qid)
+    done = completion(pool, qid)
+    assert done.status == status
+    assert done.rows == (50 if status == "ok" else pages.count() * 10) and pages.count() >= 1
+
+
+def test_pages_of_decimals_dates_and_nan_are_json_as_before(cluster):
+    pool, cid = cluster
+    pages = Pages(pool, cid, 910, auto_credit=True)
+    pool.submit(cid, QueryRequest(910, "SELECT 1.5::DECIMAL(4,2) AS d, DATE '2024-03-01' AS day, "
+                                       "TIMESTAMP '2024-03-01 12:34:56' AS ts, 'nan'::DOUBLE AS x, [1, 2] AS l",
+                                  stream=True, on_page=pages))
+    assert completion(pool, 910).status == "ok"
+    assert pages.pages[0][1] == [["1.50", "2024-03-01", "2024-03-01 12:34:56", "NaN", [1, 2]]]
