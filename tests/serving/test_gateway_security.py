@@ -367,3 +367,25 @@ def test_sloctl_gateway_over_tls_with_passwords_drains_on_sigterm(tpch_db, tmp_p
     assert "drained (0 finished, 1 cancelled)" in err, err
     log = read_log(next((tmp_path / "logs").glob("gateway-*.parquet")))
     assert len(log) == 2 and (log["error"] != "").sum() == 1  # the cut attempt is in the log too
+
+
+@pytest.mark.slow
+def test_lineitem_at_sf1_streams_through_the_gateway_in_bounded_memory(tmp_path):
+    """Issue 33: the whole of lineitem at SF 1 either completes with the gateway's RSS up by <= 200 MB and the
+    worker under its memory_limit, or fails with EXCEEDED_LOCAL_MEMORY_LIMIT while both clusters go on."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_gateway_memory.py"
+    out = subprocess.run([sys.executable, str(bench), "--sf", "1", "--data-dir", str(tmp_path),
+                          "--memory-limit", "1GB", "--json"], capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["next_queries_ok"] == "4/4"
+    if result["error"] is None:
+        assert result["rows"] == 6_001_215 and result["gateway_growth_mb"] <= 200
+        assert result["worker_peak_mb"] < 1024
+    else:
+        assert result["error"] == "EXCEEDED_LOCAL_MEMORY_LIMIT"
