@@ -247,7 +247,8 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
         denied = await admin(request)
         if isinstance(denied, Response):
             return denied
-        return Response(render_metrics(gateway.status()), media_type="text/plain; version=0.0.4")
+        body = render_metrics(gateway.status()) + gateway.log.metrics_text().decode()  # the log's own counters
+        return Response(body, media_type="text/plain; version=0.0.4")
 
     @app.get("/healthz")
     async def healthz() -> Any:
@@ -264,15 +265,10 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
 
 
 def render_metrics(view: dict[str, Any]) -> str:
-    """The gateway's counters in Prometheus' text format (``sloctl_gateway_*``)."""
+    """The gateway's query and cluster counters in Prometheus' text format (the log adds its own)."""
     lines = ["# HELP sloctl_gateway_queries_total Queries by what happened to them.",
              "# TYPE sloctl_gateway_queries_total counter"]
     lines += [f'sloctl_gateway_queries_total{{event="{name}"}} {value}' for name, value in view["counts"].items()]
-    lines += ["# HELP sloctl_gateway_log_errors_total Query-log failures (featurization, writes); the log goes on.",
-              "# TYPE sloctl_gateway_log_errors_total counter"]
-    errors = {k: v for k, v in view.get("log_errors", {}).items() if isinstance(v, int | float)}
-    lines += [f'sloctl_gateway_log_errors_total{{kind="{kind}"}} {value}'
-              for kind, value in (errors or {"featurize": 0, "write": 0}).items()]
     lines += ["# HELP sloctl_gateway_worker_restarts_total Cluster workers replaced after they died.",
               "# TYPE sloctl_gateway_worker_restarts_total counter",
               f"sloctl_gateway_worker_restarts_total {view.get('restarts_total', 0)}",
