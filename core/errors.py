@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "ClusterPoolError",
     "ConfigError",
+    "FeatureError",
     "QueryLogError",
     "SloctlError",
     "WorkloadError",
@@ -26,6 +27,10 @@ class ConfigError(SloctlError, ValueError):
 
 class QueryLogError(SloctlError, ValueError):
     """A query log does not follow the documented schema."""
+
+
+class FeatureError(SloctlError, ValueError):
+    """A model needs features (plan, SQL text, catalog) that a request or log cannot give."""
 
 
 class WorkloadError(SloctlError, ValueError):

@@ -69,8 +69,11 @@ class FeatureScaler:
     @classmethod
     def fit(cls, log: pd.DataFrame) -> FeatureScaler:
         plan = log[list(PLAN_FEATURES)].to_numpy(dtype=float)
-        mean = np.nan_to_num(np.nanmean(plan, axis=0)) if len(plan) else np.zeros(N_PLAN)
-        std = np.nan_to_num(np.nanstd(plan, axis=0)) if len(plan) else np.ones(N_PLAN)
+        known = np.isfinite(plan).any(axis=0)  # a column unknown in every row (no catalog, no plan) scales to 0
+        mean, std = np.zeros(N_PLAN), np.ones(N_PLAN)
+        if len(plan) and known.any():
+            mean[known] = np.nan_to_num(np.nanmean(plan[:, known], axis=0))
+            std[known] = np.nan_to_num(np.nanstd(plan[:, known], axis=0))
         return cls(mean_=mean, std_=np.where(std > 1e-9, std, 1.0))
 
     def transform(self, log: pd.DataFrame) -> np.ndarray:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sloctl.core.errors import QueryLogError
-from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
+from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, plan_feature_version_on_read
 from sloctl.datasets.querylog import read_log, read_metadata, validate_log
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ def merge_logs(
 
     Raises:
         QueryLogError: no inputs, an input that is missing or breaks the
-            schema, or inputs whose plan features have different versions.
+            schema, or inputs whose plan features have different versions
+            (version 1 reads as version 2 and merges with it).
         ValueError: ``gap_s`` is negative or not finite, or ``metadata`` does
             not have one entry per input.
     """
@@ -109,7 +110,9 @@ def merge_logs(
             meta = dict(given) if given is not None else read_metadata(path)
         runs.append((frame, meta, path, source))
 
-    versions = [meta.get("plan_feature_version", PLAN_FEATURE_VERSION) for _, meta, _, _ in runs]
+    # a version-1 log reads as version 2 (validate_log adds its text/catalog columns as NaN)
+    versions = [plan_feature_version_on_read(meta.get("plan_feature_version", PLAN_FEATURE_VERSION))
+                for _, meta, _, _ in runs]
     for (_, _, _, source), version in zip(runs, versions, strict=True):
         if version != versions[0]:
             raise QueryLogError(

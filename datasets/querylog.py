@@ -1,7 +1,8 @@
 """The query log: one row per query execution, stored as Parquet.
 
-Schema (version 1). Times are seconds on the run's own clock (0 = start of the
-run); ``latency_s`` is what the client saw, ``end_s - arrival_s``.
+Schema (version 1, plan features version 2). Times are seconds on the run's
+own clock (0 = start of the run); ``latency_s`` is what the client saw,
+``end_s - arrival_s``.
 
 | column         | type    | rule                                                  |
 | -------------- | ------- | ----------------------------------------------------- |
@@ -17,11 +18,18 @@ run); ``latency_s`` is what the client saw, ``end_s - arrival_s``.
 | status         | string  | ``ok``, ``timeout`` or ``error``                      |
 | slo_s          | float64 | > 0, or NaN when no SLO was assigned                  |
 | oversubscribed | bool    | true when the cluster shared cores with another       |
-| f_*            | float64 | plan features (:data:`PLAN_FEATURES`); NaN = unknown  |
+| f_*            | float64 | features (:data:`PLAN_FEATURES`: engine plan, SQL     |
+|                |         | text ``f_t_*``, catalog ``f_c_*``); NaN = unknown     |
+| f_source       | string  | the feature groups a row has, e.g.                    |
+|                |         | ``plan:duckdb+text+catalog``, ``text``, ``none``      |
 
 A ``timeout`` row is a censored observation: ``latency_s`` is the time to
 failure, a lower bound on the true latency. Extra columns are kept as they
 are. The file's metadata records the schema and plan-feature versions.
+Older logs still read: missing text and catalog columns (a version-1 log, or
+a writer that does not know them) become NaN, and a missing ``f_source`` is
+derived from each row's features
+(:func:`~sloctl.datasets.sql_features.feature_source`, plan engine DuckDB).
 """
 
 from __future__ import annotations
@@ -32,7 +40,8 @@ from typing import TYPE_CHECKING
 
 from sloctl.core.errors import QueryLogError
 from sloctl.core.files import atomic_write
-from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, PLAN_FEATURES
+from sloctl.datasets.plan_features import ENGINE_PLAN_FEATURES, PLAN_FEATURE_VERSION, PLAN_FEATURES
+from sloctl.datasets.sql_features import CATALOG_FEATURES, TEXT_COUNT_FEATURES, TEXT_FEATURES
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,6 +51,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "STATUSES",
     "empty_features",
+    "feature_sources",
     "read_log",
     "read_metadata",
     "template_table",
@@ -67,6 +77,7 @@ COLUMNS: dict[str, str] = {
     "slo_s": "float64",
     "oversubscribed": "bool",
     **{name: "float64" for name in PLAN_FEATURES},
+    "f_source": "str",
 }
 
 _TOLERANCE_S = 1e-6
@@ -103,6 +114,7 @@ def validate_log(df: pd.DataFrame, source: str = "query log") -> pd.DataFrame:
     import numpy as np
     import pandas as pd
 
+    df = _upgrade(df)
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise QueryLogError(
@@ -163,6 +175,37 @@ def validate_log(df: pd.DataFrame, source: str = "query log") -> pd.DataFrame:
     slo = out["slo_s"]
     check("slo_s", "must be > 0 or NaN", ~(slo.isna() | (slo > 0)) | np.isinf(slo))
     return out
+
+
+def _upgrade(df: pd.DataFrame) -> pd.DataFrame:
+    """Add what older writers did not write: NaN text/catalog features, ``f_source`` from the features."""
+    missing_text = [name for name in TEXT_FEATURES if name not in df.columns]
+    fill_source = "f_source" not in df.columns or df["f_source"].isna().any()
+    if not missing_text and not fill_source:
+        return df
+    df = df.copy()
+    for name in missing_text:
+        df[name] = math.nan
+    if fill_source and all(name in df.columns for name in PLAN_FEATURES):
+        sources = feature_sources(df)
+        df["f_source"] = sources if "f_source" not in df.columns else df["f_source"].where(
+            df["f_source"].notna(), sources)
+    return df
+
+
+def feature_sources(df: pd.DataFrame, plan_engine: str | None = "duckdb") -> pd.Series:
+    """Each row's ``f_source`` from its features (vectorised :func:`~sloctl.datasets.sql_features.feature_source`)."""
+    import numpy as np
+    import pandas as pd
+
+    def known(names: tuple[str, ...]):
+        return df[list(names)].apply(pd.to_numeric, errors="coerce").notna().any(axis=1).to_numpy()
+
+    plan = "plan" if plan_engine is None else f"plan:{plan_engine}"
+    parts = [np.where(known(ENGINE_PLAN_FEATURES), plan, ""), np.where(known(TEXT_COUNT_FEATURES), "text", ""),
+             np.where(known(CATALOG_FEATURES), "catalog", "")]
+    joined = ["+".join(p for p in row if p) or "none" for row in zip(*parts, strict=True)]
+    return pd.Series(joined, index=df.index, dtype=object)
 
 
 def read_log(path: str | Path) -> pd.DataFrame:
@@ -230,15 +273,18 @@ def read_metadata(path: str | Path) -> dict[str, str]:
 
 
 def empty_features() -> dict[str, float]:
-    """A plan-feature row with every feature unknown (NaN)."""
+    """A feature row with every feature unknown (NaN): every name in :data:`PLAN_FEATURES`."""
     return {name: math.nan for name in PLAN_FEATURES}
 
 
 def template_table(log: pd.DataFrame) -> pd.DataFrame:
-    """One row per template of ``log`` (its first): ``template``, ``sql_hash`` and the plan features.
+    """One row per template of ``log`` (its first): ``template``, ``sql_hash``, the features and ``f_source``.
 
     This is what routers look a template up in (plan features for Iconq+,
     ``sql_hash`` for Stage's cache of measured latencies); a model bundle
-    carries the table of its training log.
+    carries the table of its training log. A log without ``f_source`` or
+    the text features (an older one) gets them as :func:`validate_log` does.
     """
-    return log.drop_duplicates("template")[["template", "sql_hash", *PLAN_FEATURES]].reset_index(drop=True)
+    log = _upgrade(log)
+    return log.drop_duplicates("template")[["template", "sql_hash", *PLAN_FEATURES, "f_source"]].reset_index(
+        drop=True)

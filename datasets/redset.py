@@ -17,10 +17,11 @@ Column mapping (Redset -> sloctl query log):
 | ``mbytes_scanned``                       | ``f_scan_mbytes``                  |
 
 ``latency_s = end_s - arrival_s``; ``slo_s`` is NaN. Plan features that
-Redset does not carry are NaN (unknown). Rows with a missing arrival or
-duration are skipped and counted. ``compile_duration_ms`` is not added: it is
-part of Redshift's execution path before the queue, and Redset does not say
-how it overlaps.
+Redset does not carry are NaN (unknown), the SQL-text and catalog features
+too (Redset has no text); ``f_source`` is ``redset``. Rows with a missing
+arrival or duration are skipped and counted. ``compile_duration_ms`` is not
+added: it is part of Redshift's execution path before the queue, and Redset
+does not say how it overlaps.
 """
 
 from __future__ import annotations
@@ -133,6 +134,7 @@ def import_redset(source: str | Path | pd.DataFrame, *, default_size: int = 1,
     for column, feature in _FEATURES.items():
         if column in df.columns:
             out[feature] = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
+    out["f_source"] = "redset"  # Redset's own counts, not a plan we built
     if "query_id" in df.columns:
         out["redset_query_id"] = df["query_id"].to_numpy()
     return validate_log(out, source=name), skipped

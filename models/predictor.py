@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sloctl.core.errors import FeatureError
 from sloctl.datasets.interactions import FeatureScaler, neighbour_lists, pair_vectors, self_vectors
-from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
+from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, PLAN_FEATURES
 from sloctl.models.stage import StageModel
 
 if TYPE_CHECKING:
@@ -28,7 +29,32 @@ if TYPE_CHECKING:
 
     from sloctl.models.calibration import MarginCalibration
 
-__all__ = ["LatencyPredictor", "VARIANTS", "Variant"]
+__all__ = ["FEATURE_GROUPS", "LatencyPredictor", "VARIANTS", "Variant", "feature_group", "used_features"]
+
+#: What each group of feature columns needs to be built, for messages.
+FEATURE_GROUPS: dict[str, str] = {
+    "plan": "the engine's plan (EXPLAIN on a database with the queries' tables)",
+    "text": "the SQL text, parsed by sqlglot",
+    "catalog": "table statistics (a catalog: --catalog FILE, or a database to read them from)",
+}
+
+
+def feature_group(column: str) -> str:
+    """The group of a feature column: ``text`` (``f_t_*``), ``catalog`` (``f_c_*``) or ``plan`` (the rest)."""
+    if column.startswith("f_t_"):
+        return "text"
+    if column.startswith("f_c_"):
+        return "catalog"
+    return "plan"
+
+
+def used_features(log: pd.DataFrame) -> tuple[str, ...]:
+    """The feature columns with at least one known (finite) value in ``log``: what a model trained on it uses."""
+    out = []
+    for column in PLAN_FEATURES:
+        if column in log.columns and np.isfinite(log[column].to_numpy(dtype=float)).any():
+            out.append(column)
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -64,11 +90,17 @@ class LatencyPredictor:
         templates: one row per template seen in training (``template``,
             ``sql_hash`` and the plan features), what a router looks
             templates up in; ``None`` for a model saved by older code.
+        feature_columns: the feature columns known in its training rows
+            (:func:`used_features`); the others are hidden from the model
+            (set to NaN) when it predicts, so that a model trained on SQL
+            text alone never sees plan estimates it did not learn from.
+            ``None``: every column (a model saved by older code).
     """
 
     def __init__(self, stage: StageModel, scaler: FeatureScaler | None = None, net: Any = None,
                  variant: Variant | None = None, plan_feature_version: str = PLAN_FEATURE_VERSION,
-                 calibration: MarginCalibration | None = None, templates: pd.DataFrame | None = None) -> None:
+                 calibration: MarginCalibration | None = None, templates: pd.DataFrame | None = None,
+                 feature_columns: tuple[str, ...] | None = None) -> None:
         self.stage = stage
         self.scaler = scaler
         self.net = net
@@ -76,6 +108,57 @@ class LatencyPredictor:
         self.plan_feature_version = plan_feature_version
         self.calibration = calibration
         self.templates = templates
+        self.feature_columns = None if feature_columns is None else tuple(feature_columns)
+
+    @property
+    def feature_sources(self) -> tuple[str, ...]:
+        """The feature groups the model needs (``plan``, ``text``, ``catalog``), in that order."""
+        columns = PLAN_FEATURES if self.feature_columns is None else self.feature_columns
+        groups = {feature_group(c) for c in columns}
+        return tuple(g for g in FEATURE_GROUPS if g in groups)
+
+    @property
+    def feature_source(self) -> str:
+        """:attr:`feature_sources` as one string, ``text+catalog``; ``none`` when it uses no feature."""
+        return "+".join(self.feature_sources) or "none"
+
+    def missing_features(self, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+        """Per needed group, the rows of ``frame`` where every column of that group is unknown (NaN)."""
+        columns = PLAN_FEATURES if self.feature_columns is None else self.feature_columns
+        out: dict[str, np.ndarray] = {}
+        for group in self.feature_sources:
+            names = [c for c in columns if feature_group(c) == group]
+            present = [c for c in names if c in frame.columns]
+            if not present:
+                out[group] = np.arange(len(frame))
+                continue
+            known = np.isfinite(frame[present].to_numpy(dtype=float)).any(axis=1)
+            if not known.all():
+                out[group] = np.flatnonzero(~known)
+        return out
+
+    def check_features(self, frame: pd.DataFrame, what: str = "the request") -> None:
+        """Refuse ``frame`` when a row lacks a whole feature group the model was trained on.
+
+        Raises:
+            FeatureError: naming the group, what builds it, and the first row's template.
+        """
+        for group, rows in self.missing_features(frame).items():
+            if len(rows):
+                row = int(rows[0])
+                template = frame["template"].iloc[row] if "template" in frame.columns else f"row {row}"
+                raise FeatureError(
+                    f"{what}: the model was trained on {self.feature_source} features, but {template!r} has no "
+                    f"{group} features ({len(rows)} of {len(frame)} row(s)); they come from {FEATURE_GROUPS[group]}.")
+
+    def _masked(self, frame: pd.DataFrame) -> pd.DataFrame:
+        """``frame`` with the feature columns the model did not learn from set to NaN."""
+        if self.feature_columns is None:
+            return frame
+        hidden = [c for c in PLAN_FEATURES if c not in self.feature_columns and c in frame.columns]
+        if not hidden or not np.isfinite(frame[hidden].to_numpy(dtype=float)).any():
+            return frame
+        return frame.assign(**dict.fromkeys(hidden, np.nan))
 
     @property
     def kind(self) -> str:
@@ -98,6 +181,7 @@ class LatencyPredictor:
                 query arrives; ``"all"`` — every other row on the same
                 cluster; ``"auto"`` — overlap when end times are known.
         """
+        frame = self._masked(frame)
         stage_s = self.stage.predict(frame)
         if self.net is None:
             return stage_s
@@ -113,7 +197,7 @@ class LatencyPredictor:
             known = "end_s" in frame.columns and np.isfinite(frame["end_s"].to_numpy(dtype=float)).all()
             neighbours = "overlap" if known else "all"
         before, after = self._neighbours(frame, neighbours)
-        plan = self.scaler.transform(frame)
+        plan = self.scaler.transform(self._masked(frame))
         arrival = frame["arrival_s"].to_numpy(dtype=float)
         size = frame["cluster_size"].to_numpy(dtype=float)
         sf = self.variant.size_features

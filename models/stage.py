@@ -45,8 +45,15 @@ class StageConfig:
     reg_lambda: float = 0.0
     use_cache: bool = True
     seed: int = 0
+    #: ``isolated``: learn from executions that ran alone (AutoSLO §8: Stage as Iconq+'s measure of a
+    #: query's own cost); ``all``: from every ``ok`` execution, concurrency unseen (Stage as Redshift
+    #: trains it on a cluster's whole history; for logs with few or no isolated runs).
+    train_on: str = "isolated"
 
     def validate(self) -> None:
+        if self.train_on not in ("isolated", "all"):
+            raise ValueError(f"The 'train_on' parameter of StageConfig must be 'isolated' or 'all', got "
+                             f"{self.train_on!r}.")
         for name in ("n_estimators", "num_leaves", "min_child_samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -84,7 +91,7 @@ class StageModel:
 
     def fit(self, X: pd.DataFrame, y: np.ndarray, *, eval_set: tuple[pd.DataFrame, np.ndarray] | None = None,
             callbacks: list[Any] | None = None) -> StageModel:
-        """Fit on isolated executions: ``y`` are latencies in seconds (> 0)."""
+        """Fit on executions (isolated ones, as ``config.train_on`` chooses): ``y`` are latencies in seconds (> 0)."""
         import lightgbm as lgb
 
         config = self.config or StageConfig()
@@ -94,7 +101,7 @@ class StageModel:
             raise ValueError(f"Stage fit got {len(X)} rows but {len(y)} labels.")
         if len(y) < 2:
             raise ValueError(
-                f"Stage needs at least 2 isolated executions to train, got {len(y)}; "
+                f"Stage needs at least 2 executions to train, got {len(y)}; "
                 "collect an isolated workload (sloctl collect --workload isolated).")
         if (y <= 0).any() or not np.isfinite(y).all():
             raise ValueError("Stage labels must be finite latencies > 0 seconds.")

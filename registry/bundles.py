@@ -2,7 +2,8 @@
 
 Layout: ``meta.json`` (kind, schema versions, variant, network config,
 feature scaler, the Stage model as LightGBM text, the router's SLO margin with
-its calibration under ``router_calibration``), for Iconq ``iconq.pt`` (the
+its calibration under ``router_calibration``, the feature columns it learned
+from under ``feature_columns``), for Iconq ``iconq.pt`` (the
 network's ``state_dict``), and ``templates.parquet`` (one row of plan features
 per template seen in training, named by ``meta["templates"]``), and what the
 model was trained on (``meta["provenance"]``, :mod:`sloctl.registry.provenance`). Loading checks
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from sloctl.core.errors import SloctlError
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION, FeatureScaler
-from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION
+from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, plan_feature_version_on_read
 from sloctl.models.calibration import MarginCalibration
 from sloctl.models.predictor import VARIANTS, LatencyPredictor
 from sloctl.models.stage import StageModel
@@ -56,6 +57,8 @@ def save_predictor(predictor: LatencyPredictor, folder: str | Path, *, provenanc
     if predictor.templates is not None:
         predictor.templates.to_parquet(folder / TEMPLATES_FILE, index=False)
         meta["templates"] = TEMPLATES_FILE
+    if predictor.feature_columns is not None:
+        meta["feature_columns"] = list(predictor.feature_columns)
     if provenance is not None:
         meta["provenance"] = provenance.to_dict()
     (folder / "meta.json").write_text(json.dumps(meta))
@@ -82,8 +85,10 @@ def load_predictor(folder: str | Path) -> LatencyPredictor:
 
         templates = pd.read_parquet(folder / meta["templates"])
     stage = StageModel.from_dict(meta["stage"])
+    columns = tuple(meta["feature_columns"]) if "feature_columns" in meta else None
     if meta["kind"] != "iconq":
-        return LatencyPredictor(stage, plan_feature_version=version, calibration=calibration, templates=templates)
+        return LatencyPredictor(stage, plan_feature_version=version, calibration=calibration, templates=templates,
+                                feature_columns=columns)
     import torch
 
     from sloctl.models.iconq import IconqConfig, IconqNet
@@ -91,7 +96,8 @@ def load_predictor(folder: str | Path) -> LatencyPredictor:
     net = IconqNet(IconqConfig(**meta["iconq_config"]))
     net.load_state_dict(torch.load(folder / "iconq.pt", map_location="cpu", weights_only=True))
     return LatencyPredictor(stage, FeatureScaler.from_dict(meta["scaler"]), net.eval(), VARIANTS[meta["variant"]],
-                            plan_feature_version=version, calibration=calibration, templates=templates)
+                            plan_feature_version=version, calibration=calibration, templates=templates,
+                            feature_columns=columns)
 
 
 def read_provenance(folder: str | Path) -> Provenance | None:
@@ -101,8 +107,12 @@ def read_provenance(folder: str | Path) -> Provenance | None:
 
 
 def check_log_schema(predictor: LatencyPredictor, log_metadata: dict[str, str], source: str) -> None:
-    """Refuse a log whose plan features were built by another schema version."""
-    log_version = log_metadata.get("plan_feature_version", PLAN_FEATURE_VERSION)
+    """Refuse a log whose plan features were built by another schema version.
+
+    A log of an older version that is upgraded on read (its missing columns
+    NaN) counts as the version it reads as.
+    """
+    log_version = plan_feature_version_on_read(log_metadata.get("plan_feature_version", PLAN_FEATURE_VERSION))
     model_version = predictor.plan_feature_version
     if log_version != model_version:
         raise ModelSchemaError(

@@ -97,6 +97,9 @@ class Provenance:
         log_hash: data hash of the whole log ("" when not known).
         run_hashes: data hash of each input run of a merged log.
         logs: the log paths it was read from ("" when not known).
+        feature_sources: the distinct ``f_source`` values of its rows (how
+            their features were built: ``plan:duckdb+text+catalog``,
+            ``text+catalog``, ...); empty when not known.
     """
 
     sources: tuple[str, ...]
@@ -104,6 +107,7 @@ class Provenance:
     log_hash: str = ""
     run_hashes: tuple[str, ...] = field(default_factory=tuple)
     logs: str = ""
+    feature_sources: tuple[str, ...] = field(default_factory=tuple)
 
     @property
     def benchmarks(self) -> tuple[str, ...]:
@@ -117,7 +121,8 @@ class Provenance:
         """``tpch SF 0.1 on cluster sizes 1, 2 (log 3fa2c1d09e8b7a65)``."""
         data = " + ".join(_describe_source(s) for s in self.sources) or "no rows"
         sizes = ", ".join(map(str, self.cluster_sizes)) or "none"
-        return f"{data} on cluster sizes {sizes}" + (f" (log {self.log_hash})" if self.log_hash else "")
+        features = f", features from {' / '.join(self.feature_sources)}" if self.feature_sources else ""
+        return f"{data} on cluster sizes {sizes}{features}" + (f" (log {self.log_hash})" if self.log_hash else "")
 
     def lacks(self, other: Provenance) -> list[str]:
         """What ``other`` covers and this provenance does not (benchmark/scale factors and sizes), in words."""
@@ -151,7 +156,7 @@ class Provenance:
                 f"{PREFIX}scale_factor": ",".join(self.scale_factors),
                 f"{PREFIX}cluster_sizes": ",".join(map(str, self.cluster_sizes)),
                 f"{PREFIX}log_hash": self.log_hash, f"{PREFIX}run_hashes": ",".join(self.run_hashes),
-                f"{PREFIX}logs": self.logs[:4000]}
+                f"{PREFIX}logs": self.logs[:4000], f"{PREFIX}feature_sources": ",".join(self.feature_sources)}
 
     @classmethod
     def from_tags(cls, tags: Mapping[str, str]) -> Provenance | None:
@@ -162,17 +167,19 @@ class Provenance:
                    cluster_sizes=_sizes(tags.get(f"{PREFIX}cluster_sizes", "")),
                    log_hash=tags.get(f"{PREFIX}log_hash", ""),
                    run_hashes=tuple(s for s in tags.get(f"{PREFIX}run_hashes", "").split(",") if s),
-                   logs=tags.get(f"{PREFIX}logs", ""))
+                   logs=tags.get(f"{PREFIX}logs", ""),
+                   feature_sources=tuple(s for s in tags.get(f"{PREFIX}feature_sources", "").split(",") if s))
 
     def to_dict(self) -> dict[str, Any]:
         return {"sources": list(self.sources), "cluster_sizes": list(self.cluster_sizes), "log_hash": self.log_hash,
-                "run_hashes": list(self.run_hashes), "logs": self.logs}
+                "run_hashes": list(self.run_hashes), "logs": self.logs, "feature_sources": list(self.feature_sources)}
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Provenance:
         return cls(sources=tuple(raw.get("sources", ())), cluster_sizes=tuple(int(s) for s in raw.get(
             "cluster_sizes", ())), log_hash=str(raw.get("log_hash", "")),
-            run_hashes=tuple(raw.get("run_hashes", ())), logs=str(raw.get("logs", "")))
+            run_hashes=tuple(raw.get("run_hashes", ())), logs=str(raw.get("logs", "")),
+            feature_sources=tuple(raw.get("feature_sources", ())))
 
 
 def _hash(frame: pd.DataFrame) -> str:
@@ -194,10 +201,13 @@ def log_provenance(log: pd.DataFrame, metadata: Mapping[str, str] | None = None,
     """
     sources = row_sources(log, metadata)
     sizes = log["cluster_size"].to_numpy()
+    features = log["f_source"].astype(str).to_numpy() if "f_source" in log.columns else np.array([], dtype=str)
     if rows is not None:
         sources, sizes = sources[rows], sizes[rows]
+        features = features[rows] if len(features) else features
     run_hashes: tuple[str, ...] = ()
     if "run" in log.columns and (metadata or {}).get("merged_from"):
         run_hashes = tuple(_hash(part) for _, part in log.groupby("run", sort=True))
     return Provenance(sources=tuple(sorted(set(sources))), cluster_sizes=tuple(sorted({int(s) for s in sizes})),
-                      log_hash=_hash(log) if len(log) else "", run_hashes=run_hashes, logs=logs)
+                      log_hash=_hash(log) if len(log) else "", run_hashes=run_hashes, logs=logs,
+                      feature_sources=tuple(sorted(set(features.tolist()))))

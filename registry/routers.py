@@ -90,10 +90,28 @@ class BuiltRouter:
 
 def router_templates(predictor: LatencyPredictor | None, templates: pd.DataFrame | None = None
                      ) -> pd.DataFrame | None:
-    """The template table to route with: ``templates`` if given (``serve.templates_log``), else the bundle's."""
-    if templates is not None:
-        return templates
-    return None if predictor is None else predictor.templates
+    """The template table to route with: ``templates`` if given (``serve.templates_log``), else the bundle's.
+
+    Templates whose features the model cannot use (a whole group it was
+    trained on is unknown, e.g. plan features for a model of a log imported
+    from another engine) are left out, so the router treats them as unknown
+    templates instead of predicting from features it never saw.
+
+    Raises:
+        FeatureError: no template of ``templates`` has the features the model needs.
+    """
+    table = templates if templates is not None else (None if predictor is None else predictor.templates)
+    if table is None or predictor is None or not len(table):
+        return table
+    missing = predictor.missing_features(table)
+    if not missing:
+        return table
+    bad = sorted({int(r) for rows in missing.values() for r in rows})
+    if len(bad) == len(table):
+        predictor.check_features(table, what="the router's template table")
+    _log.warning("%d of %d template(s) lack features the model needs (%s); they are routed as unknown templates",
+                 len(bad), len(table), ", ".join(missing))
+    return table.drop(index=table.index[bad]).reset_index(drop=True)
 
 
 def resolve_slo_margin(predictor: LatencyPredictor, router: RouterSection, *, log: pd.DataFrame | None = None,

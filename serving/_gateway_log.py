@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.core.errors import QueryLogError
-from sloctl.datasets.plan_features import PLAN_FEATURES, features_from_plan
+from sloctl.datasets.plan_features import ENGINE_PLAN_FEATURES, PLAN_FEATURES, features_from_plan
+from sloctl.datasets.sql_features import text_features
 
 __all__ = ["ERROR_KINDS", "MANIFEST_NAME", "AttemptLog", "db_source", "file_sha256", "read_manifest"]
 
@@ -143,7 +144,9 @@ class AttemptLog:
             of ``sql``, computed in a sandbox, or ``None`` when it cannot be planned. Called at
             most once per distinct text, from :meth:`flush` / :meth:`frame` (never on a
             query's path), and never while this log holds its rows lock. ``None``: texts
-            the template table does not know get NaN features.
+            the template table does not know get NaN features. The text counts
+            (``f_t_*``) are parsed from the text beside its plan; the catalog
+            columns (``f_c_*``) stay NaN unless the template table has them.
     """
 
     #: Seconds between two stderr lines of one error kind (the count of those held back is in the next).
@@ -229,7 +232,9 @@ class AttemptLog:
             try:
                 match = table.loc[table["template"] == row.get("template")]
                 if len(match):
-                    features = {name: float(match[name].iloc[0]) for name in PLAN_FEATURES}
+                    # a table written before plan-feature version 2 lacks the text columns: unknown
+                    features = {name: float(match[name].iloc[0]) if name in match.columns else math.nan
+                                for name in PLAN_FEATURES}
             except Exception as exc:  # noqa: BLE001  (a bad table must not stop the log)
                 self._error("featurize", f"template table lookup of {row.get('template')!r}: {_one_line(exc)}")
         if features is None:
@@ -245,10 +250,11 @@ class AttemptLog:
             if text is None:  # the query cannot be planned (it failed as an error row): unknown
                 return _nan_features()
             features = features_from_plan(json.loads(text))
-            if set(features) != set(PLAN_FEATURES) or not all(
+            if set(features) != set(ENGINE_PLAN_FEATURES) or not all(
                     isinstance(v, float) and math.isfinite(v) for v in features.values()):
                 raise ValueError("the plan gave missing or non-finite features")
-            return features
+            # the text's own counts (parsed here, never run); no catalog: the gateway never opens the database
+            return {**features, **text_features(sql or "", "duckdb")}
         except Exception as exc:  # noqa: BLE001  (whatever the sandbox answers, the log goes on)
             self._error("featurize", f"plan features of text {key} are NaN: {type(exc).__name__}: {_one_line(exc)}")
             return _nan_features()

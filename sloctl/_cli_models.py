@@ -95,6 +95,8 @@ def _check_name(name: str) -> None:
 @train_app.command("stage")
 def train_stage_cmd(
     log: list[Path] = typer.Option(..., "--log", "-l", help=f"Query log (Parquet). {SEVERAL_LOGS_HELP}"),
+    train_on: str | None = typer.Option(None, help="isolated (executions that ran alone; AutoSLO) or all (every "
+                                        "ok execution, for logs with few isolated runs); config: stage.train_on."),
     config: Path | None = ConfigOption,
     register: bool = typer.Option(True, help="Log the run and register the model in MLflow."),
     out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
@@ -104,14 +106,21 @@ def train_stage_cmd(
     as_json: bool = JsonOption,
 ) -> None:
     """Train Stage (LightGBM, isolated executions) and register it as 'stage'."""
+    import dataclasses
+
     from sloctl._cli_common import check_out
     from sloctl.training.pipeline import train_stage
+
+    if train_on is not None and train_on not in ("isolated", "all"):
+        raise typer.BadParameter(f"expected isolated or all; got {train_on!r}", param_hint="--train-on")
 
     if out is not None:
         check_out(out, "bundle", force)  # before the training: never over a file or folder of another kind
 
     _check_name(name)
     cfg = load_cli_config(config)
+    if train_on is not None:
+        cfg = dataclasses.replace(cfg, stage=dataclasses.replace(cfg.stage, train_on=train_on))
     frame, metadata = read_logs_with_metadata(log)
     result = train_stage(frame, cfg.stage, val_fraction=cfg.iconq.val_fraction,
                          test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed,
@@ -182,6 +191,11 @@ def evaluate_predictor_cmd(
     frame, metadata = read_logs_with_metadata(log)
     predictor = load_cli_model(model, cfg)
     check_log_schema(predictor, metadata, describe_logs(log))
+    for group, rows in predictor.missing_features(frame).items():
+        if len(rows) == len(frame):  # nothing of what the model learned from: refuse rather than score noise
+            predictor.check_features(frame, what=describe_logs(log))
+        echo(f"warning: {describe_logs(log)}: {len(rows)} of {len(frame)} row(s) have no {group} features "
+             f"(the model uses {predictor.feature_source}); they are scored with those features unknown")
     mismatch = _provenance_mismatch(model, cfg, sources=row_sources(frame, metadata),
                                     cluster_sizes=frame["cluster_size"].unique())
     if mismatch:
@@ -223,7 +237,8 @@ def predict_cmd(
                                         help="TEMPLATE@OFFSET_S: a neighbour arriving OFFSET_S seconds after "
                                              "the query (negative: before, still running). Repeatable."),
     model: str = typer.Option("models:/iconq@champion", help="Model URI or bundle folder."),
-    benchmark: str = typer.Option("tpch", help="tpch or tpcds (for plan features)."),
+    benchmark: str = typer.Option("tpch", help="tpch or tpcds (plan features of a template the model's own "
+                                  "template table lacks)."),
     sf: float = typer.Option(0.1, "--sf", help="Scale factor of the database the plans come from."),
     data_dir: Path | None = typer.Option(None, help="Where databases live."),
     as_json: bool = typer.Option(False, "--json"),
@@ -258,7 +273,11 @@ def predict_cmd(
                                  "on this data", param_hint="--benchmark/--sf/--size")
     if mismatch:
         echo(f"warning: {mismatch}")
-    frame = template_frame(benchmark, sf, data_dir or cfg.warehouse.data_dir, [(template, 0.0), *offsets], size)
+    arrivals = [(template, 0.0), *offsets]
+    frame = _table_frame(predictor.templates, arrivals, size)
+    if frame is None:  # a template the model's own table lacks: plan it on the benchmark's database
+        frame = template_frame(benchmark, sf, data_dir or cfg.warehouse.data_dir, arrivals, size)
+    predictor.check_features(frame, what=f"--template {template}")
     seconds = predictor.predict(frame, neighbours="all")
     isolated = predictor.stage.predict(frame)
     result = {"template": template, "cluster_size": size, "latency_s": float(seconds[0]),
@@ -268,6 +287,22 @@ def predict_cmd(
     else:
         typer.echo(f"{template} on size {size} with {len(offsets)} neighbour(s): {seconds[0]:.4f} s "
                    f"(isolated estimate {isolated[0]:.4f} s)")
+
+
+def _table_frame(table, arrivals: list[tuple[str, float]], size: int):
+    """A what-if frame from the model's own template table, or ``None`` when it lacks one of the templates."""
+    import math
+
+    if table is None or not {name for name, _ in arrivals} <= set(table["template"]):
+        return None
+    by_name = table.drop_duplicates("template").set_index("template", drop=False)
+    zero = min(offset for _, offset in arrivals)
+    rows = [{**by_name.loc[name].to_dict(), "query_id": i, "cluster_id": "what-if", "cluster_size": size,
+             "arrival_s": offset - zero, "start_s": offset - zero, "end_s": math.nan, "status": "ok",
+             "slo_s": math.nan, "oversubscribed": False} for i, (name, offset) in enumerate(arrivals)]
+    import pandas as pd
+
+    return pd.DataFrame(rows)
 
 
 ApplyOption = typer.Option(False, "--apply", help="Then train with the study's best parameters on the same log "

@@ -26,7 +26,7 @@ from sloctl.datasets.interactions import FeatureScaler, build_samples, self_vect
 from sloctl.datasets.querylog import COLUMNS, template_table
 from sloctl.models.calibration import calibrate_slo_margin
 from sloctl.models.metrics import q_error_summary
-from sloctl.models.predictor import VARIANTS, LatencyPredictor
+from sloctl.models.predictor import VARIANTS, LatencyPredictor, used_features
 from sloctl.models.stage import StageConfig, StageModel
 
 if TYPE_CHECKING:
@@ -40,6 +40,14 @@ __all__ = ["OBJECTIVES", "StageObjective", "TrainResult", "data_hash", "evaluate
 SPLITS = ("train", "val", "test")
 #: What each model is selected on: the champion gate's metric and the Optuna studies' objective.
 OBJECTIVES = {"stage": "val_isolated_q_error_p90", "iconq": "val_q_error_p90"}
+
+
+def objective_of(model: str, stage: StageConfig | None = None) -> str:
+    """The metric ``model`` is selected and tuned on: Stage trained on every execution (``train_on: all``)
+    is judged on every validation execution, not only the isolated ones."""
+    if model == "stage" and stage is not None and stage.train_on == "all":
+        return "val_q_error_p90"
+    return OBJECTIVES[model]
 
 
 class StageObjective:
@@ -61,6 +69,7 @@ class StageObjective:
     def __init__(self, config: StageConfig, train: pd.DataFrame, val: pd.DataFrame, period: int = 10) -> None:
         import math
 
+        self.name = objective_of("stage", config)
         self.period = period
         self.value = float("nan")  # the metric at the last round it was computed (every ``period`` rounds)
         self.matrix = StageModel(config)._matrix(val)
@@ -140,13 +149,16 @@ def _summaries(prefix: str, predicted_s: np.ndarray, actual_s: np.ndarray, neigh
 
 
 def fit_stage(log: pd.DataFrame, rows: np.ndarray, config: StageConfig, neighbours: np.ndarray) -> StageModel:
-    """Stage fitted on the isolated ``ok`` executions among ``rows``."""
-    ok = (log["status"].to_numpy() == "ok") & (neighbours == 0)
+    """Stage fitted on the isolated ``ok`` executions among ``rows`` (every ``ok`` one with ``train_on: all``)."""
+    ok = _stage_rows(log, config, neighbours)
     chosen = np.asarray(rows)[ok[rows]]
+    if len(chosen) < 2 and config.train_on == "all":
+        raise ValueError(f"Stage needs at least 2 ok executions in the training split; found {len(chosen)}.")
     if len(chosen) < 2:
         raise ValueError(
             f"Stage needs isolated executions (ok queries with no neighbour) in the training split; found "
-            f"{len(chosen)}. Collect an isolated workload too (sloctl collect --workload isolated).")
+            f"{len(chosen)}. Collect an isolated workload too (sloctl collect --workload isolated), or set "
+            f"stage.train_on: all to learn from every execution.")
     frame = log.iloc[chosen]
     return StageModel(config).fit(frame, frame["latency_s"].to_numpy())
 
@@ -165,9 +177,17 @@ def _with_router_data(predictor: LatencyPredictor, log: pd.DataFrame, risk_quant
         metrics.update({"slo_margin": calibration.slo_margin, "slo_margin_ratio_at_quantile":
                         calibration.ratio_at_quantile, "slo_margin_ratio_p50": calibration.ratio_p50})
         params["router_risk_quantile"] = risk_quantile
+    params["feature_source"] = predictor.feature_source
+    params["feature_columns"] = len(predictor.feature_columns or ())
     return LatencyPredictor(predictor.stage, predictor.scaler, predictor.net, predictor.variant,
                             plan_feature_version=predictor.plan_feature_version, calibration=calibration,
-                            templates=template_table(log))
+                            templates=template_table(log), feature_columns=predictor.feature_columns)
+
+
+def _stage_rows(log: pd.DataFrame, config: StageConfig, neighbours: np.ndarray) -> np.ndarray:
+    """The rows Stage may learn from: ``ok`` ones, and with ``train_on: isolated`` only those that ran alone."""
+    ok = log["status"].to_numpy() == "ok"
+    return ok & (neighbours == 0) if config.train_on == "isolated" else ok
 
 
 def train_stage(log: pd.DataFrame, config: StageConfig, *, val_fraction: float = 0.15,
@@ -176,8 +196,8 @@ def train_stage(log: pd.DataFrame, config: StageConfig, *, val_fraction: float =
     """Fit Stage on the training split; Q-error per split.
 
     Stage's job is isolated latency, so it is selected on
-    ``val_isolated_q_error_p90``. ``risk_quantile`` (``router.risk_quantile``)
-    calibrates the SLO margin the predictor carries; ``None`` skips it.
+    ``val_isolated_q_error_p90`` (with ``train_on: all``, on ``val_q_error_p90``).
+    ``risk_quantile`` (``router.risk_quantile``) calibrates the SLO margin the predictor carries; ``None`` skips it.
     With ``callbacks`` (LightGBM callbacks, e.g. Optuna pruning), Stage is
     fitted with the validation split's isolated rows as its eval set and a
     :class:`StageObjective` first in the list, so that the callbacks see the
@@ -187,8 +207,9 @@ def train_stage(log: pd.DataFrame, config: StageConfig, *, val_fraction: float =
     splits = split_rows(len(log), val_fraction, test_fraction, seed)
     neighbours = overlap_counts(log).to_numpy()
     ok = log["status"].to_numpy() == "ok"
-    val_iso = splits["val"][ok[splits["val"]] & (neighbours[splits["val"]] == 0)]
-    train_iso = splits["train"][ok[splits["train"]] & (neighbours[splits["train"]] == 0)]
+    usable = _stage_rows(log, config, neighbours)
+    val_iso = splits["val"][usable[splits["val"]]]
+    train_iso = splits["train"][usable[splits["train"]]]
     if callbacks and len(val_iso) and len(train_iso) >= 2:  # an eval set, so that tuners can prune on it
         frame, val = log.iloc[train_iso], log.iloc[val_iso]
         stage = StageModel(config).fit(frame, frame["latency_s"].to_numpy(),
@@ -204,9 +225,11 @@ def train_stage(log: pd.DataFrame, config: StageConfig, *, val_fraction: float =
         metrics.update(_summaries(name, predicted[rows], actual[rows], neighbours[rows]))
     params = {"model": "stage", **asdict(config), "val_fraction": val_fraction, "test_fraction": test_fraction,
               "split_seed": seed}
-    predictor = _with_router_data(LatencyPredictor(stage), log, risk_quantile, metrics, params)
+    columns = used_features(log.iloc[splits["train"]])
+    predictor = _with_router_data(LatencyPredictor(stage, feature_columns=columns), log, risk_quantile, metrics,
+                                  params)
     return TrainResult(predictor=predictor, metrics=metrics, params=params, data_hash=data_hash(log), splits=splits,
-                       selection_metric="val_isolated_q_error_p90")
+                       selection_metric=objective_of("stage", config))
 
 
 def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection, *,
@@ -275,7 +298,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
             module.load_state_dict(state)
         epochs = trainer.current_epoch
     net = module.net.eval()
-    predictor = LatencyPredictor(stage, scaler, net, variant)
+    predictor = LatencyPredictor(stage, scaler, net, variant,
+                                 feature_columns=used_features(log.iloc[splits["train"]]))
     metrics: dict[str, float] = {"epochs": float(epochs), "best_val_loss": float(checkpoint.best_model_score or np.nan)}
     actual = log["latency_s"].to_numpy()
     ok = log["status"].to_numpy() == "ok"

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sloctl.core.errors import SloctlError
 from sloctl.registry.store import connect
-from sloctl.training.pipeline import OBJECTIVES, data_hash, train_iconq, train_stage
+from sloctl.training.pipeline import OBJECTIVES, data_hash, objective_of, train_iconq, train_stage
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -126,10 +126,11 @@ def _stage_trial(trial: Any, log: pd.DataFrame, cfg: SloctlConfig) -> float:
     trial.suggest_float("reg_lambda", 1e-4, 10.0, log=True)
     stage = _stage_config(cfg.stage, trial.params)
     # StageObjective (added by train_stage) puts the objective into LightGBM's eval results every 10 rounds
-    pruning = LightGBMPruningCallback(trial, OBJECTIVES["stage"], valid_name="valid_0", report_interval=10)
+    pruning = LightGBMPruningCallback(trial, objective_of("stage", stage), valid_name="valid_0",
+                                      report_interval=10)
     result = train_stage(log, stage, val_fraction=cfg.iconq.val_fraction, test_fraction=cfg.iconq.test_fraction,
                          seed=cfg.iconq.seed, callbacks=[pruning], risk_quantile=None)
-    return result.metrics[OBJECTIVES["stage"]]
+    return result.metrics[objective_of("stage", stage)]
 
 
 def _iconq_trial(trial: Any, log: pd.DataFrame, cfg: SloctlConfig, max_epochs: int) -> float:
@@ -161,14 +162,15 @@ def best_config(model: str, params: dict[str, Any], cfg: Any, *, max_epochs: int
     raise ValueError(f"The 'model' parameter must be 'stage' or 'iconq', got {model!r}.")
 
 
-def _bind(study: Any, model: str, log_hash: str, log_path: str, max_epochs: int, storage: str) -> None:
+def _bind(study: Any, model: str, log_hash: str, log_path: str, max_epochs: int, storage: str,
+          objective: str) -> None:
     """Record what ``study`` runs on, or refuse when it was created on other data."""
     attrs = study.user_attrs
     if _DATA not in attrs:  # a new study (or one created before studies were bound): bind it now
         study.set_user_attr(_DATA, log_hash)
         study.set_user_attr("log_path", log_path)
         study.set_user_attr("model", model)
-        study.set_user_attr("objective", OBJECTIVES[model])
+        study.set_user_attr("objective", objective)
         study.set_user_attr("max_epochs", max_epochs)
         return
     name = study.study_name
@@ -181,6 +183,9 @@ def _bind(study: Any, model: str, log_hash: str, log_path: str, max_epochs: int,
             f"({attrs.get('log_path') or 'path not recorded'}); this log hashes to {log_hash}. Trials of one "
             f"study must be scored on the same log: resume it with that log, or start a new study "
             f"(--study-name {name}-{log_hash[:8]}).")
+    if attrs.get("objective", objective) != objective:
+        raise StudyDataError(f"Study {name!r} in {storage} minimises {attrs['objective']}, not {objective} "
+                             f"(stage.train_on changed); use a new study (--study-name {name}-{objective}).")
     if model == "iconq" and attrs.get("max_epochs", max_epochs) != max_epochs:
         raise StudyDataError(f"Study {name!r} in {storage} ran its trials with --max-epochs "
                              f"{attrs['max_epochs']}, not {max_epochs}; use the same limit or a new study.")
@@ -198,7 +203,8 @@ def _parent_run(mlflow: Any, study: Any, model: str, log_hash: str) -> Any:
         except MlflowException:  # deleted, or another store: start a new parent
             pass
     run = mlflow.start_run(run_name=f"tune-{model}-{study.study_name}")
-    mlflow.set_tags({"study_name": study.study_name, "objective": OBJECTIVES[model], "data_hash": log_hash,
+    objective = study.user_attrs.get("objective", OBJECTIVES[model])
+    mlflow.set_tags({"study_name": study.study_name, "objective": objective, "data_hash": log_hash,
                      "model_kind": model})
     study.set_user_attr(_PARENT, run.info.run_id)
     return run
@@ -240,12 +246,12 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
         raise ValueError(f"The 'trials' parameter must be >= 1, got {trials!r}.")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("optuna").setLevel(logging.WARNING)
-    objective_name = OBJECTIVES[model]
+    objective_name = objective_of(model, cfg.stage)
     log_hash = data_hash(log)
     study = optuna.create_study(study_name=study_name, storage=open_storage(storage), load_if_exists=True,
                                 direction="minimize",
                                 pruner=pruner or optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=2))
-    _bind(study, model, log_hash, log_path, max_epochs, storage)
+    _bind(study, model, log_hash, log_path, max_epochs, storage, objective_name)
     # one seeded stream per trial (seed, trial number, trial id): parallel workers on one study and resumed
     # studies draw new trials, one worker on a fresh storage repeats for a seed (training/optuna_shared.py)
     study.sampler = TrialSeededSampler(seed)

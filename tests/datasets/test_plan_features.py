@@ -4,7 +4,7 @@ import math
 
 import duckdb
 
-from sloctl.datasets.plan_features import PLAN_FEATURES, PlanFeaturizer, features_from_plan
+from sloctl.datasets.plan_features import ENGINE_PLAN_FEATURES, PLAN_FEATURES, PlanFeaturizer, features_from_plan
 
 
 def test_every_template_gives_the_same_fixed_length_vector(tpch_db, tpch_templates):
@@ -29,9 +29,10 @@ def test_features_are_cached_per_query_text(tpch_db):
     assert first["f_scans"] == 1
 
 
-def test_unplannable_query_gets_unknown_features(tpch_db):
-    featurize = PlanFeaturizer(duckdb.connect(str(tpch_db), read_only=True))
-    assert all(math.isnan(v) for v in featurize("SELECT * FROM nope").values())
+def test_unplannable_query_gets_unknown_plan_features(tpch_db):
+    features = PlanFeaturizer(duckdb.connect(str(tpch_db), read_only=True))("SELECT * FROM nope")
+    assert all(math.isnan(features[name]) for name in ENGINE_PLAN_FEATURES)
+    assert features["f_t_tables"] == 1 and math.isnan(features["f_c_log_rows_sum"])  # text known; table unknown
 
 
 def test_plan_tree_counts():

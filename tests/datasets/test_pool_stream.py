@@ -12,7 +12,7 @@ import pytest
 
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.duckdb_pool import DuckDBClusterPool
-from sloctl.datasets.plan_features import PLAN_FEATURES, features_from_plan
+from sloctl.datasets.plan_features import ENGINE_PLAN_FEATURES, features_from_plan
 from sloctl.datasets.pool import CANCELLED, QueryRequest
 
 SLOW_SQL = "SELECT count(*) FROM range(20000000000) t(i) WHERE i % 7 = 3"
@@ -149,7 +149,7 @@ def test_explain_returns_a_plan_the_featurizer_reads(cluster, tpch_templates):
     pool, cid = cluster
     plan = pool.explain(cid, tpch_templates[0].sql)
     features = features_from_plan(json.loads(plan))
-    assert set(features) == set(PLAN_FEATURES)
+    assert set(features) == set(ENGINE_PLAN_FEATURES)
     assert pool.explain(cid, "SELECT * FROM no_such_table") is None
     assert pool.explain(cid, "SELECT * FROM read_text('/etc/hostname')") is None
     assert pool.explain(cid, "SELECT 1; SELECT 2") is None

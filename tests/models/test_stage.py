@@ -46,6 +46,7 @@ def test_round_trip_keeps_predictions():
 @pytest.mark.parametrize("config, message", [
     (StageConfig(num_leaves=0), "'num_leaves'"),
     (StageConfig(learning_rate=0.0), "'learning_rate'"),
+    (StageConfig(train_on="concurrent"), "'train_on'"),
 ])
 def test_bad_config_is_named(config, message):
     X, y = frame(10)
@@ -59,5 +60,5 @@ def test_bad_labels_and_unfitted_use_are_clear_errors():
         StageModel().fit(X, -y)
     with pytest.raises(ValueError, match="not fitted"):
         StageModel().predict(X)
-    with pytest.raises(ValueError, match="isolated executions"):
+    with pytest.raises(ValueError, match="at least 2 executions"):
         StageModel().fit(X.iloc[:1], y[:1])

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from sloctl.core.errors import QueryLogError
-from sloctl.datasets.plan_features import PLAN_FEATURES, sql_hash
+from sloctl.datasets.plan_features import ENGINE_PLAN_FEATURES, PLAN_FEATURES, sql_hash
+from sloctl.datasets.sql_features import CATALOG_FEATURES
 from sloctl.serving._gateway_log import MANIFEST_NAME, AttemptLog, file_sha256, read_manifest
 
 HOSTILE = "SELECT 1 AS a; SELECT count(*) FROM lineitem a, lineitem b"
@@ -65,7 +66,10 @@ def test_plan_features_come_only_from_the_explain_callable(tmp_path, plan_json, 
     log.flush()
     assert asked == [HOSTILE, "SELECT count(*) FROM t WHERE i > 5"]  # once per text, cached across flushes
     assert frame.loc[0, list(PLAN_FEATURES)].isna().all()  # could not be planned: unknown, not an error
-    assert frame.loc[1, "f_nodes"] >= 1 and not frame.loc[1:2, list(PLAN_FEATURES)].isna().any(axis=None)
+    assert frame.loc[1, "f_nodes"] >= 1 and not frame.loc[1:2, list(ENGINE_PLAN_FEATURES)].isna().any(axis=None)
+    # the text's counts come with the plan; no catalog in the gateway: its columns stay unknown
+    assert frame.loc[1, "f_t_predicates"] == 1 and frame.loc[1, "f_t_tables"] == 1
+    assert frame.loc[1:2, list(CATALOG_FEATURES)].isna().all(axis=None)
     assert log.errors == {"featurize": 0, "invalid": 0, "write": 0}
 
 
@@ -79,6 +83,18 @@ def test_without_explain_unknown_texts_get_nan_and_known_templates_the_table(tmp
     frame = log.frame(table)
     assert frame.loc[0, list(PLAN_FEATURES)].isna().all() and (frame.loc[1, list(PLAN_FEATURES)] == 2.0).all()
     assert log.flush(table) is None and sum(log.errors.values()) == 0  # no log_dir: nothing written
+
+
+def test_a_template_table_from_before_text_features_gives_them_as_unknown(tmp_path, no_duckdb):
+    import pandas as pd
+
+    table = pd.DataFrame([{"template": "tpch-q01", "sql_hash": "x", **dict.fromkeys(ENGINE_PLAN_FEATURES, 3.0)}])
+    log = AttemptLog(tmp_path / "db.duckdb", None, "s")
+    _add(log, 0, "SELECT 2", template="tpch-q01")
+    frame = log.frame(table)
+    assert (frame.loc[0, list(ENGINE_PLAN_FEATURES)] == 3.0).all()
+    assert frame.loc[0, [c for c in PLAN_FEATURES if c not in ENGINE_PLAN_FEATURES]].isna().all()
+    assert sum(log.errors.values()) == 0
 
 
 @pytest.mark.parametrize("answer", [
@@ -103,7 +119,7 @@ def test_a_featurizer_failure_gives_nan_and_a_counted_error_and_the_log_goes_on(
     written = read_log(path)
     assert len(written) == 3 and not log.dirty
     assert written.loc[written["query_id"] != 1, list(PLAN_FEATURES)].isna().all(axis=None)
-    assert not written.loc[written["query_id"] == 1, list(PLAN_FEATURES)].isna().any(axis=None)
+    assert not written.loc[written["query_id"] == 1, list(ENGINE_PLAN_FEATURES)].isna().any(axis=None)
     assert log.errors["featurize"] == 1 and log.last_error.startswith("featurize: ")  # once per text
     lines = [line for line in capsys.readouterr().err.splitlines() if line]
     assert len(lines) == 1 and lines[0].startswith("warning: gateway query log: ")

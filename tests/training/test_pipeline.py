@@ -53,6 +53,7 @@ def test_bundle_round_trip_predicts_the_same(trained, sim_log, tmp_path):
 def test_model_refuses_a_log_of_another_feature_schema(trained, tmp_path):
     predictor = trained["iconq"].predictor
     check_log_schema(predictor, {"plan_feature_version": predictor.plan_feature_version}, "log")
+    check_log_schema(predictor, {"plan_feature_version": "1"}, "v1.parquet")  # upgraded on read: text columns NaN
     with pytest.raises(ModelSchemaError, match="schema version '0'.*trained on version"):
         check_log_schema(predictor, {"plan_feature_version": "0"}, "old.parquet")
     folder = save_predictor(predictor, tmp_path / "bundle")
