@@ -268,6 +268,77 @@ def import_redset_cmd(
     typer.echo(f"Wrote {len(log)} rows to {out}; skipped {skipped} rows with missing times.")
 
 
+@import_app.command("executions")
+def import_executions_cmd(
+    source: Path = typer.Argument(..., help="An engine's execution history: a file, or a folder of them."),
+    out: Path = typer.Option(..., "--out", "-o", help="Query log to write."),
+    fmt: str | None = typer.Option(None, "--format", help="csv, parquet, trino-events, snowflake, redshift or "
+                                   "postgres-csvlog (default: detected from the file)."),
+    dialect: str | None = typer.Option(None, help="sqlglot dialect of the SQL (default: the format's)."),
+    catalog: Path | None = typer.Option(None, help="Table statistics CSV (table, rows, optional bytes)."),
+    sizes: Path | None = typer.Option(None, help="Cluster sizes CSV (cluster, from, to, size) for logs without "
+                                      "sizes."),
+    size: int | None = typer.Option(None, help="Size of every cluster the log or --sizes does not size."),
+    status_map: str | None = typer.Option(None, help="Canonical form: status values to ok/timeout/error, e.g. "
+                                          "SUCCESS=ok,FAILED_WITH_ERROR=error."),
+    statement_timeout_s: float | None = typer.Option(None, help="postgres-csvlog: a timed-out statement with no "
+                                                     "logged start started this long before its ERROR line."),
+    slots: Path | None = typer.Option(None, help="redshift: STL_WLM_QUERY export (query, slot_count)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Say what was understood; write nothing."),
+    force: bool = ForceOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Map executions from Trino, Snowflake, Redshift, PostgreSQL or the canonical CSV onto the query-log schema.
+
+    Every row read is imported, censored (timeouts, cancellations) or refused
+    with a reason; see docs/querylog.md, "Importing executions".
+    """
+    import json
+    import time
+
+    from sloctl.datasets.executions import import_executions
+    from sloctl.datasets.querylog import write_log
+
+    if not source.exists():
+        raise typer.BadParameter(f"no such file or folder: {source}", param_hint="FILE")
+    for option, path in (("--catalog", catalog), ("--sizes", sizes), ("--slots", slots)):
+        if path is not None and not path.is_file():
+            raise typer.BadParameter(f"no such file: {path}", param_hint=option)
+    if size is not None and size < 1:
+        raise typer.BadParameter(f"must be >= 1, got {size}", param_hint="--size")
+    out_mode = None if dry_run else check_out(out, "log", force)
+    last = [time.monotonic()]
+
+    def progress(rows: int, file: str) -> None:
+        if time.monotonic() - last[0] >= 5.0:
+            last[0] = time.monotonic()
+            echo(f"import executions: {rows} rows read ({file})")
+
+    result = import_executions(source, format=fmt, dialect=dialect, catalog=catalog, sizes=sizes, size=size,
+                               status_map=status_map, statement_timeout_s=statement_timeout_s, slots=slots,
+                               progress=progress)
+    report = result.report
+    if not dry_run:
+        write_log(result.log, out, metadata=result.metadata)
+        keep_mode(out, out_mode)
+    if as_json:
+        typer.echo(json.dumps({"out": None if dry_run else str(out), "dry_run": dry_run, "rows": len(result.log),
+                               **report.to_dict()}, default=str))
+        return
+    lines = [f"{report.format} ({report.dialect} SQL), {len(report.files)} file(s): read {report.read}, imported "
+             f"{report.imported}, censored {report.censored} (timeouts), refused {report.refused}"]
+    lines += [f"  refused {v['count']}: {k} (first: row {v['first_row']} of {v['file']})"
+              for k, v in report.refusals.items()]
+    lines += ["  columns: " + "; ".join(f"{k} -> {v}" for k, v in report.columns_mapped.items()),
+              f"  time: {report.timezone}",
+              f"  features: {report.feature_source}; unparseable SQL: {report.parse_failures['rows']} rows "
+              f"({report.parse_failures['fingerprints']} fingerprints)"]
+    lines += [f"  cluster {name}: {c['queries']} queries, at most {c['max_concurrent']} at once, "
+              f"{c['mean_concurrent']:.2f} on average" for name, c in report.concurrency.items()]
+    lines.append("dry run: nothing written." if dry_run else f"Wrote {len(result.log)} rows to {out}.")
+    typer.echo("\n".join(lines))
+
+
 @log_app.command("validate")
 def log_validate(file: Path = typer.Argument(..., help="Query log (Parquet)."), as_json: bool = JsonOption) -> None:
     """Check a log against the schema; exit 2 naming the first bad column/row."""
