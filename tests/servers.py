@@ -144,25 +144,10 @@ class PostgresServer:
 
 
 def _reachable_by(bindir: Path, root: Path, user: str) -> Path:
-    """``bindir``, or a copy of its installation under ``root`` when ``user`` cannot run it where it is.
+    """``bindir``, or a copy of its installation under ``root`` that ``user`` can run (the library's rule)."""
+    from sloctl.datasets.postgres_engine import reachable_by
 
-    A checkout in a private folder (``mktemp -d`` makes it 0700) puts the wheel's binaries out of reach of the
-    unprivileged user the server must run as; the copy (about 40 MB, once per session) sits in ``root``, which
-    belongs to that user, with the shared libraries beside it where the binaries look for them.
-    """
-    try:
-        if subprocess.run([str(bindir / "initdb"), "--version"], capture_output=True, user=user).returncode == 0:
-            return bindir
-    except OSError:  # PermissionError: a folder on the way is closed to ``user``
-        pass
-    # keep the layout the binaries' RPATH expects ($ORIGIN/../../../<package>.libs for the wheel)
-    install, package = bindir.parent, bindir.parent.parent
-    copy = root / "pg" / package.name / install.name
-    shutil.copytree(install, copy, symlinks=True)
-    libs = package.parent / f"{package.name}.libs"
-    if libs.is_dir():
-        shutil.copytree(libs, root / "pg" / libs.name, symlinks=True)
-    return copy / bindir.name
+    return reachable_by(bindir, root, user)
 
 
 def start_postgres(timeout_s: float = 60.0) -> PostgresServer:
