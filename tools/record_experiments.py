@@ -48,7 +48,8 @@ def prepare(work: Path) -> None:
     train_iconq = _first("sloctl.training.pipeline.train_iconq")
     save_predictor = _first("sloctl.registry.bundles.save_predictor", "sloctl.training.artifacts.save_predictor")
     work.mkdir(parents=True, exist_ok=True)
-    log = synthetic_log()
+    validate_log = _first("sloctl.datasets.querylog.validate_log")
+    log = validate_log(synthetic_log())  # the schema's defaults (f_source, ...) filled in, as a read log has them
     log.to_parquet(work / "log.parquet")
     cfg = load_config()
     predictor = train_iconq(log, cfg.stage, dataclasses.replace(cfg.iconq, max_epochs=3)).predictor
