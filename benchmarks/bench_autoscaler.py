@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from sloctl.config import load_config
-from sloctl.control.autoscaler import Autoscaler, AutoscalerConfig, SpinupTrigger, find_best_spinup_size
+from sloctl.control.autoscaler import Autoscaler, AutoscalerConfig, autoscaler_for, find_best_spinup_size
 from sloctl.control.background import BackgroundSizer
 from sloctl.control.managed import ManagedPool
 from sloctl.control.router import IconqRouter, Query
@@ -161,8 +161,7 @@ def scenario(model: Any, n_clusters: int, window: int, mean_iso_s: float, templa
                               max_clusters=n_clusters + 1)
     router = IconqRouter(model)
     # τ_trigger = 1 never fires, but Algorithm 2 still counts every recent query (|R ∪ D| ≥ θ)
-    autoscaler = Autoscaler(config, SpinupTrigger(config.theta, config.tau_trigger), router, IconqRouter,
-                            mode="add", minimum_s=5.0 * mean_iso_s, sizer=sizer)
+    autoscaler = autoscaler_for(config, router, IconqRouter, minimum_s=5.0 * mean_iso_s, sizer=sizer)
     pool = ManagedPool(router, autoscaler=autoscaler, minimum_s=5.0 * mean_iso_s, backend=_Starting())
     for i in range(n_clusters):
         pool.add_cluster(f"c{i}", 1)

@@ -51,10 +51,12 @@ __all__ = [
     "Autoscaler",
     "AutoscalerConfig",
     "ObservationWindows",
+    "QueueScaler",
     "QueueTrigger",
     "RelativeAutoscalerSettings",
     "SizingOutcome",
     "SpinupTrigger",
+    "autoscaler_for",
     "decision_time",
     "find_best_spinup_size",
     "should_tear_down",
@@ -643,3 +645,71 @@ class Autoscaler:
             self.decisions.append((result.triggered_s, outcome, None))
             return []
         return self._act(now_s, result.triggered_s, outcome)
+
+
+class QueueScaler:
+    """Queue@N spin-ups of the smallest size plus the §6.2.1 teardown; no latency model."""
+
+    def __init__(self, config: AutoscalerConfig, queue_n: int) -> None:
+        self.config = config
+        self.queue_n = queue_n
+
+    def on_completion(self, query: Query, end_s: float) -> None:
+        return None
+
+    def force(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
+        return []
+
+    def on_arrival(self, query: Query, clusters: list[ClusterView], now_s: float | None = None
+                   ) -> list[ScalingAction]:
+        now = decision_time(query, now_s)
+        ready = [c for c in clusters if c.ready]
+        actions: list[ScalingAction] = []
+        for c in ready:
+            if len(ready) - len(actions) <= 1:
+                break
+            if should_tear_down(running=c.running, last_routed_s=c.last_routed_s, spun_up_s=c.spun_up_s, now_s=now,
+                                t_idle_s=self.config.t_idle_s, t_min_lifetime_s=self.config.t_min_lifetime_s):
+                actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id))
+        starting = len(ready) < len(clusters)
+        capacity = sum(c.size for c in ready)
+        if (not starting and len(clusters) - len(actions) < self.config.max_clusters
+                and sum(c.running for c in ready) >= self.queue_n * capacity):
+            actions.append(ScalingAction("spin_up", size=min(self.config.candidate_sizes)))
+        return actions
+
+
+def autoscaler_for(knobs: AutoscalerConfig, router: Any, make_router: Callable[[Any], Any], *,
+                   trigger: Any = "spinup", mode: str = "add", minimum_s: float = 60.0,
+                   price_per_unit_s: float = 1.0, teardown: bool = True, sizer: BackgroundSizer | None = None,
+                   carry: Autoscaler | None = None) -> Autoscaler:
+    """The one place an :class:`Autoscaler` is assembled (simulators, experiments, the runtime, the gateway).
+
+    Args:
+        knobs: the autoscaler's settings, in seconds.
+        router: the router whose pool it scales.
+        make_router: ``make_router(model)``: a router of the same kind over a
+            forked model, for the size selector's what-if simulations.
+        trigger: ``"spinup"`` (AutoSLO's spin-up trigger with ``knobs.theta``
+            and ``knobs.tau_trigger``), ``None`` (no trigger: it sizes only
+            when a scaling decision is forced), or a trigger object
+            (:class:`QueueTrigger`, for Queue@N).
+        mode: ``add``, ``vertical``, ``horizontal`` or ``none``.
+        minimum_s: the billing minimum per cluster.
+        price_per_unit_s: price of one size unit per second.
+        teardown: whether idle clusters are retired.
+        sizer: runs the size selector in the background (live); ``None``: inline.
+        carry: the autoscaler this one replaces (a model or plan swap): its
+            observation windows carry over, resized to ``knobs.window_s``.
+    """
+    if isinstance(trigger, str):
+        if trigger != "spinup":
+            raise ValueError(f"The 'trigger' parameter of autoscaler_for must be 'spinup', None or a trigger, "
+                             f"got {trigger!r}.")
+        trigger = SpinupTrigger(knobs.theta, knobs.tau_trigger)
+    autoscaler = Autoscaler(knobs, trigger, router, make_router, mode=mode, minimum_s=minimum_s,
+                            price_per_unit_s=price_per_unit_s, teardown=teardown, sizer=sizer)
+    if carry is not None:
+        autoscaler.windows = carry.windows
+        autoscaler.windows.window_s = knobs.window_s
+    return autoscaler

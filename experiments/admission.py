@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.control.admission import AdmitAll, Svalinn
+from sloctl.control.admission_baselines import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
 from sloctl.control.credits import DropPenaltyUtility, ThroughputUtility
 from sloctl.experiments.admission_bandit import bandit_experiment, tuner_factories
-from sloctl.simulation.admission_policies import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
 from sloctl.simulation.server_sim import (
     DemandChange,
     RequestType,

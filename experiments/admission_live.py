@@ -15,7 +15,7 @@ The app (:func:`build_app`) serves three endpoints on loopback:
 Three controls, one at a time, each in a fresh ``uvicorn`` process:
 
 * ``none`` — the bare app;
-* ``single-queue`` — :class:`~sloctl.simulation.admission_policies.SingleQueuePolicy`
+* ``single-queue`` — :class:`~sloctl.control.admission_baselines.SingleQueuePolicy`
   (Breakwater-like AIMD on the server's queueing delay, blind to the
   endpoint) behind :class:`ControllerMiddleware`;
 * ``svalinn`` — :class:`~sloctl.serving.admission.AdmissionMiddleware` around
@@ -217,8 +217,8 @@ def _controlled_app(config: Mapping[str, Any]) -> Any:
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
+    from sloctl.control.admission_baselines import SingleQueuePolicy
     from sloctl.serving.admission import AdmissionMiddleware, AdmissionSettings, AsyncMSemaphore, MSemaphoreDropped
-    from sloctl.simulation.admission_policies import SingleQueuePolicy
 
     control = config["control"]
     n = config["mem_mb"] * 1024 * 1024 // 8

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
+from sloctl.control.autoscaler import QueueTrigger, SpinupTrigger, autoscaler_for
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, RouterGuard
 from sloctl.datasets.analysis import save_figure
 from sloctl.datasets.tpc import Template
@@ -73,7 +73,7 @@ def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int 
             router = make_router(OnlinePredictor(predictor, table))
             trigger = QueueTrigger(cfg.queue_n) if name.startswith("queue") else SpinupTrigger(cfg.theta,
                                                                                               cfg.tau_trigger)
-            autoscaler = Autoscaler(scaled, trigger, router, make_router, mode="add", minimum_s=minimum_s)
+            autoscaler = autoscaler_for(scaled, router, make_router, trigger=trigger, minimum_s=minimum_s)
             sim = WarehouseSimulator(world, [("c0", 1)], router, minimum_s=minimum_s, seed=seed,
                                      autoscaler=autoscaler, mark_at=marks)
         out = sim.run(queries)

@@ -588,8 +588,9 @@ def run_baseline_live(name: str, db_path: str | Path, queries: Sequence[Query], 
                       minimum_s: float, warmup_s: float, pool_options: Mapping[str, Any] | None,
                       timeout_s: float, on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """One baseline of the simulation on the live warehouse, with the controller the simulation ran."""
+    from sloctl.control.autoscaler import QueueScaler
+    from sloctl.control.placement import PackingRouter
     from sloctl.experiments.end_to_end import RaisScaler, RaisSetting
-    from sloctl.experiments.history import PackingRouter, QueueScaler
     from sloctl.serving.live import run_live
 
     budget, half = max(tuner.sizes), max(tuner.sizes) // 2

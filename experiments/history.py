@@ -68,16 +68,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import (
-    Autoscaler,
-    AutoscalerConfig,
-    RelativeAutoscalerSettings,
-    SpinupTrigger,
-    decision_time,
-    should_tear_down,
-)
-from sloctl.control.managed import ClusterView, ScalingAction
-from sloctl.control.router import ClusterState, IconqRouter, Query, RouteDecision, RouterGuard
+from sloctl.control.autoscaler import AutoscalerConfig, QueueScaler, RelativeAutoscalerSettings, autoscaler_for
+from sloctl.control.placement import PackingRouter
+from sloctl.control.router import IconqRouter, Query, RouterGuard
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, schedule_spinups
 from sloctl.datasets.forecast import Forecaster
 from sloctl.datasets.querylog import read_log, template_table
@@ -179,68 +172,6 @@ class HistoryExperimentConfig:
 
 # -- the reactive layer --------------------------------------------------------------------------------------
 
-class PackingRouter:
-    """First fit: the oldest cluster below ``pack_n`` running queries per size unit, else the least loaded.
-
-    Packing leaves extra clusters idle once a peak passes, so the teardown
-    trigger can retire them (round-robin would keep every cluster busy).
-    """
-
-    name = "packing"
-
-    def __init__(self, pack_n: int = 1) -> None:
-        self.pack_n = pack_n
-        self._on: dict[int, str] = {}
-        self._running: dict[str, int] = {}
-
-    def route(self, query: Query, clusters: list[ClusterState], now_s: float) -> RouteDecision:
-        if not clusters:
-            raise ValueError("No active cluster to route to.")
-        load = {c.cluster_id: self._running.get(c.cluster_id, 0) / c.size for c in clusters}
-        free = [c for c in clusters if load[c.cluster_id] < self.pack_n]
-        chosen = free[0] if free else min(clusters, key=lambda c: load[c.cluster_id])
-        self._on[query.query_id] = chosen.cluster_id
-        self._running[chosen.cluster_id] = self._running.get(chosen.cluster_id, 0) + 1
-        return RouteDecision(chosen.cluster_id, float("nan"), {})
-
-    def on_complete(self, query_id: int, now_s: float) -> None:
-        cid = self._on.pop(query_id, None)
-        if cid is not None:
-            self._running[cid] -= 1
-
-
-class QueueScaler:
-    """Queue@N spin-ups of the smallest size plus the §6.2.1 teardown; no latency model."""
-
-    def __init__(self, config: AutoscalerConfig, queue_n: int) -> None:
-        self.config = config
-        self.queue_n = queue_n
-
-    def on_completion(self, query: Query, end_s: float) -> None:
-        return None
-
-    def force(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
-        return []
-
-    def on_arrival(self, query: Query, clusters: list[ClusterView], now_s: float | None = None
-                   ) -> list[ScalingAction]:
-        now = decision_time(query, now_s)
-        ready = [c for c in clusters if c.ready]
-        actions: list[ScalingAction] = []
-        for c in ready:
-            if len(ready) - len(actions) <= 1:
-                break
-            if should_tear_down(running=c.running, last_routed_s=c.last_routed_s, spun_up_s=c.spun_up_s, now_s=now,
-                                t_idle_s=self.config.t_idle_s, t_min_lifetime_s=self.config.t_min_lifetime_s):
-                actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id))
-        starting = len(ready) < len(clusters)
-        capacity = sum(c.size for c in ready)
-        if (not starting and len(clusters) - len(actions) < self.config.max_clusters
-                and sum(c.running for c in ready) >= self.queue_n * capacity):
-            actions.append(ScalingAction("spin_up", size=min(self.config.candidate_sizes)))
-        return actions
-
-
 @dataclass(eq=False)
 class HistoryRunner:
     """A SimulateBatch runner: packing router, Queue@N autoscaler and the configuration's schedule.
@@ -339,8 +270,7 @@ class IconqReactiveRunner:
                                         tau_trigger=self.tau_trigger, mu=self.mu, tau_target=self.tau_target,
                                         candidate_sizes=tuple(sizes),
                                         spinup_delay_s=self.spinup_delay_s, max_clusters=self.max_clusters)
-            inner = Autoscaler(knobs, SpinupTrigger(knobs.theta, knobs.tau_trigger), router, self.make_router,
-                               mode="add", minimum_s=self.minimum_s)
+            inner = autoscaler_for(knobs, router, self.make_router, minimum_s=self.minimum_s)
         scheduled = ScheduledSpinups(config.spinups, inner, spinup_delay_s=self.spinup_delay_s,
                                      max_clusters=self.max_clusters)
         clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(config.start_sizes)]

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
+from sloctl.control.autoscaler import Autoscaler, autoscaler_for
 from sloctl.control.router import (
     IconqRouter,
     Query,
@@ -312,10 +312,10 @@ def live_autoscale_experiment(
         if name == "no-op":
             return None
         if kind == "trigger":
-            return Autoscaler(config, SpinupTrigger(cfg.theta, cfg.tau_trigger), router, make_router, mode="add",
-                              minimum_s=minimum_s)
+            return autoscaler_for(config, router, make_router, minimum_s=minimum_s)  # config.theta is cfg.theta
         mode = {"horizontal": "horizontal", "add+ours": "add"}[name]
-        return Autoscaler(config, None, router, make_router, mode=mode, minimum_s=minimum_s, teardown=False)
+        return autoscaler_for(config, router, make_router, trigger=None, mode=mode, minimum_s=minimum_s,
+                              teardown=False)
 
     approaches = ("no-op", "ours") if kind == "trigger" else ("no-op", "horizontal", "add+ours")
     results: dict[str, dict[str, Any]] = {}

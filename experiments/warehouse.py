@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import Autoscaler, QueueTrigger, RelativeAutoscalerSettings, SpinupTrigger
+from sloctl.control.autoscaler import (
+    QueueTrigger,
+    RelativeAutoscalerSettings,
+    SpinupTrigger,
+    autoscaler_for,
+)
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, RouterGuard, StageCostRouter
 from sloctl.datasets.slo import slo_baselines
 from sloctl.datasets.tpc import Template
@@ -356,7 +361,8 @@ def _run_scaling(kind: str, approach: str, world, predictor, table, queries, sta
     n = len(queries)
     if kind == "sizer":
         mode = {"no-op": "none", "horizontal": "horizontal", "vertical+ours": "vertical", "add+ours": "add"}[approach]
-        autoscaler = Autoscaler(scaled, None, router, make_router, mode=mode, minimum_s=minimum_s, teardown=False)
+        autoscaler = autoscaler_for(scaled, router, make_router, trigger=None, mode=mode, minimum_s=minimum_s,
+                                    teardown=False)
         sim = WarehouseSimulator(world, [("c0", start_size)], router, minimum_s=minimum_s, seed=cfg.seed,
                                  autoscaler=autoscaler, force_scaling_at=int(0.2 * n), mark_at=(int(0.8 * n),))
         out = sim.run(queries)
@@ -367,8 +373,8 @@ def _run_scaling(kind: str, approach: str, world, predictor, table, queries, sta
     trigger = {"no-op": None, "queue": QueueTrigger(cfg.queue_n),
                "observed": SpinupTrigger(cfg.theta, cfg.tau_trigger, observed_only=True),
                "ours": SpinupTrigger(cfg.theta, cfg.tau_trigger)}[approach]
-    autoscaler = Autoscaler(scaled, trigger, router, make_router, mode="none" if trigger is None else "add",
-                            minimum_s=minimum_s)
+    autoscaler = autoscaler_for(scaled, router, make_router, trigger=trigger,
+                                mode="none" if trigger is None else "add", minimum_s=minimum_s)
     sim = WarehouseSimulator(world, [("c0", start_size)], router, minimum_s=minimum_s, seed=cfg.seed,
                              autoscaler=autoscaler)
     out = sim.run(queries)

@@ -58,8 +58,10 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.control.managed import ManagedPool, ScalingAction
+from sloctl.control.placement import GatewayRouter, LeastQueuedRouter, RandomRouter
 from sloctl.control.policies import AdmissionPolicy, RetryPolicy
 from sloctl.control.router import Query
+from sloctl.control.slo_gate import SloGate, predicted_to_meet
 from sloctl.core.config import RouterSection
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.duckdb_pool import DuckDBClusterPool
@@ -68,7 +70,6 @@ from sloctl.datasets.pool import CANCELLED, QueryCompletion, QueryRequest
 from sloctl.registry.routers import build_router, router_templates
 from sloctl.serving._gateway_log import AttemptLog
 from sloctl.serving._gateway_policy import GatewayPolicy
-from sloctl.serving._gateway_routers import GatewayRouter, LeastQueuedRouter, RandomRouter
 from sloctl.serving._gateway_sql import DEFAULT_MAX_QUERY_LENGTH, check_statement
 from sloctl.serving._gateway_trino import TrinoError, error
 from sloctl.serving.live import PoolBackend
@@ -299,8 +300,8 @@ class Gateway:
         self.policy = opts.policy
         self.queries: dict[str, GatewayQuery] = {}
         self.attempts: dict[int, tuple[GatewayQuery, str]] = {}  # attempt id -> (query, cluster)
-        self.deferred: dict[str, deque[GatewayQuery]] = {name: deque() for name in opts.policy.classes}
-        self.released: dict[str, int] = dict.fromkeys(opts.policy.classes, 0)
+        # the SLO gate (control/slo_gate.py): defer or shed from a predicted miss; the policy in force decides
+        self.gate = SloGate(opts.policy.classes, lambda name: self.policy.klass(name))
         self.counts = {"submitted": 0, "admitted": 0, "deferred": 0, "shed": 0, "forced": 0, "retries": 0,
                        "cancelled": 0, "finished": 0, "failed": 0, "refused": 0, "abandoned": 0,
                        "run_time_exceeded": 0, "memory_exceeded": 0}
@@ -373,10 +374,9 @@ class Gateway:
             thread.join(timeout=10)
         with self.lock:
             now = self.now_s()
-            for klass in self.deferred:
-                while self.deferred[klass]:
-                    self._finish(self.deferred[klass].popleft(), now, error(
-                        "NO_NODES_AVAILABLE", "The sloctl gateway shut down while the query waited."), "shed")
+            for _, q in self.gate.drain():
+                self._finish(q, now, error("NO_NODES_AVAILABLE", "The sloctl gateway shut down while the query "
+                                           "waited."), "shed")
         if hasattr(self, "sizer"):
             self.sizer.close()
         with contextlib.suppress(Exception):  # plan the texts while the workers still run (failures are counted)
@@ -499,7 +499,7 @@ class Gateway:
         knobs = self.options.autoscaler
         if knobs is None:
             return
-        from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
+        from sloctl.control.autoscaler import Autoscaler, autoscaler_for
         from sloctl.control.background import BackgroundSizer
         from sloctl.control.router import IconqRouter, StageCostRouter
 
@@ -519,11 +519,9 @@ class Gateway:
             self.sizer = BackgroundSizer()
         old = self.managed.autoscaler
         cfg = self.options.router_cfg
-        autoscaler = Autoscaler(knobs, SpinupTrigger(knobs.theta, knobs.tau_trigger), inner, make_router, mode="add",
-                                minimum_s=cfg.minimum_s, price_per_unit_s=cfg.price_per_unit_s, sizer=self.sizer)
-        if old is not None and hasattr(old, "windows"):
-            autoscaler.windows = old.windows
-        self.managed.autoscaler = autoscaler
+        self.managed.autoscaler = autoscaler_for(knobs, inner, make_router, minimum_s=cfg.minimum_s,
+                                                 price_per_unit_s=cfg.price_per_unit_s, sizer=self.sizer,
+                                                 carry=old if isinstance(old, Autoscaler) else None)
         self.autoscaler_note = f"spin-up trigger, size selector (add) and teardown, over {built.kind}"
 
     def _warm(self) -> None:
@@ -648,24 +646,17 @@ class Gateway:
             return q
 
     def _admit(self, q: GatewayQuery, now: float) -> None:
-        cls = self.policy.klass(q.klass)
-        if not self.options.admission or self._meets(q, now):
-            q.outcome = "admitted"
+        verdict = self.gate.on_arrival(q, q.klass, not self.options.admission or self._meets(q, now))
+        if verdict in ("admit", "force"):
+            q.outcome, q.forced = "admitted", verdict == "force"
             self.counts["admitted"] += 1
+            self.counts["forced"] += verdict == "force"
             self._place(q, now)
-            return
-        if not cls.defer:
-            q.outcome, q.forced = "admitted", True
-            self.counts["admitted"] += 1
-            self.counts["forced"] += 1
-            self._place(q, now)
-            return
-        if len(self.deferred[q.klass]) >= cls.queue_limit:
+        elif verdict == "shed":
+            limit = self.policy.klass(q.klass).queue_limit
             self._finish(q, now, error("QUERY_QUEUE_FULL", (
                 f"Query shed by the sloctl gateway: no cluster is predicted to meet its SLO of {q.slo_s:.3g} s and "
-                f"the queue of class {q.klass!r} is full ({cls.queue_limit} waiting).")), "shed")
-            return
-        self.deferred[q.klass].append(q)
+                f"the queue of class {q.klass!r} is full ({limit} waiting).")), "shed")
 
     def _meets(self, q: GatewayQuery, now: float) -> bool:
         """Whether some ready cluster is predicted to finish ``q`` within what is left of its SLO.
@@ -678,15 +669,8 @@ class Gateway:
                 self.router.known is not None and not self.router.known(q.template)):
             return True
         clusters = {c.cluster_id: c.size for c in self.managed.routable(now)}
-        if not clusters:
-            return False
-        left = q.slo_s - (now - q.submitted_s)
-        if built.kind == "iconq":
-            options = built.online.counterfactuals(q.template, now, clusters, now)
-            best = min(float(cf.query_s) for cf in options.values())
-            return best <= (1.0 - (built.slo_margin or 0.0)) * left
-        best = min(float(built.online.isolated_s(q.template, size)) for size in clusters.values())
-        return best <= left
+        return predicted_to_meet(built.online, built.kind, q.template, q.slo_s - (now - q.submitted_s), clusters,
+                                 now, built.slo_margin or 0.0)
 
     def _router_slo(self, q: GatewayQuery, now: float) -> float:
         if not math.isfinite(q.slo_s):
@@ -934,34 +918,22 @@ class Gateway:
         Classes are tried by priority, then by fewest releases per unit of
         share; within a class in arrival order.
         """
-        for klass, waiting in self.deferred.items():
-            cls = self.policy.klass(klass)
-            while waiting and now - waiting[0].submitted_s > cls.max_defer_s:
-                q = waiting.popleft()
-                q.deferred_s = now - q.submitted_s
-                self._finish(q, now, error("EXCEEDED_TIME_LIMIT", (
-                    f"Query shed by the sloctl gateway: it waited {q.deferred_s:.2f} s (class {klass!r} waits at "
-                    f"most {cls.max_defer_s:g} s) and no cluster was predicted to meet its SLO of "
-                    f"{q.slo_s:.3g} s.")), "shed")
-        if not look or not any(self.deferred.values()):
+        for klass, q in self.gate.expire(now):
+            q.deferred_s = now - q.submitted_s
+            self._finish(q, now, error("EXCEEDED_TIME_LIMIT", (
+                f"Query shed by the sloctl gateway: it waited {q.deferred_s:.2f} s (class {klass!r} waits at "
+                f"most {self.policy.klass(klass).max_defer_s:g} s) and no cluster was predicted to meet its SLO of "
+                f"{q.slo_s:.3g} s.")), "shed")
+        if not look or not self.gate.has_waiting():
             return
         self._looked_s = now
-        placed = True
-        while placed:
-            placed = False
-            order = sorted((k for k, w in self.deferred.items() if w),
-                           key=lambda k: (-self.policy.klass(k).priority,
-                                          self.released[k] / self.policy.klass(k).share))
-            for klass in order:
-                q = self.deferred[klass][0]
-                if self._meets(q, now):
-                    self.deferred[klass].popleft()
-                    q.outcome, q.deferred_s = "deferred", now - q.submitted_s
-                    self.released[klass] += 1
-                    self.counts["deferred"] += 1
-                    self._place(q, now)
-                    placed = True
-                    break
+
+        def place(klass: str, q: GatewayQuery) -> None:
+            q.outcome, q.deferred_s = "deferred", now - q.submitted_s
+            self.counts["deferred"] += 1
+            self._place(q, now)
+
+        self.gate.release(lambda q: self._meets(q, now), place)
 
     def _expire(self, now: float) -> None:
         ttl = self.options.result_ttl_s
@@ -987,9 +959,7 @@ class Gateway:
 
     def _cancel_locked(self, q: GatewayQuery, err: TrinoError, outcome: str) -> None:
         """Fail ``q`` with ``err``, take it out of its queue, interrupt its attempts, drop its pages (lock held)."""
-        for waiting in self.deferred.values():
-            if q in waiting:
-                waiting.remove(q)
+        self.gate.remove(q)
         running = [(aid, cid) for aid, (other, cid) in self.attempts.items() if other is q]
         self._finish(q, self.now_s(), err, outcome)
         with q.page_lock:
@@ -1057,7 +1027,7 @@ class Gateway:
                 "admission": self.options.admission, "retries": self.options.retries,
                 "autoscaler": self.autoscaler_note, "dispatch_errors": list(self.dispatch_errors),
                 "policy": self.policy.to_doc(), "slots": slots, "counts": dict(self.counts),
-                "waiting": {k: len(v) for k, v in self.deferred.items()},
+                "waiting": self.gate.waiting(),
                 "clusters": [{"cluster_id": cid, "size": c.size, "running": c.running,
                               "ready": c.is_ready(now) and not c.torn_down, "torn_down": c.torn_down,
                               "cost": self.cost(cid)} for cid, c in self.managed.clusters.items()],

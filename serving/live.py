@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sloctl.control.autoscaler import Autoscaler, RelativeAutoscalerSettings, SpinupTrigger
+from sloctl.control.autoscaler import Autoscaler, RelativeAutoscalerSettings, autoscaler_for
 from sloctl.control.background import BackgroundSizer
 from sloctl.control.managed import ManagedPool
 from sloctl.control.router import IconqRouter, Query, RouteDecision
@@ -481,8 +481,7 @@ def run_live_through_service(url: str, token: str | None, db_path: str | Path, l
             sizes = tuple(s for s in (1, 2) if s <= max(free, 1))
             cfg = RelativeAutoscalerSettings()
             config = cfg.config(mean_iso, candidate_sizes=sizes, spinup_delay_s=warmup_s + 0.1, max_clusters=2)
-            autoscaler = Autoscaler(config, SpinupTrigger(cfg.theta, cfg.tau_trigger), router,
-                                    lambda model: IconqRouter(model), mode="add", minimum_s=minimum_s)
+            autoscaler = autoscaler_for(config, router, lambda model: IconqRouter(model), minimum_s=minimum_s)
         outcome = run_live(db_path, queries, [("c0", 1)], router, minimum_s=minimum_s, sql_by_template=sql,
                            on_progress=on_progress, autoscaler=autoscaler, warmup_s=warmup_s)
         service = client.get("/v1/clusters").json()

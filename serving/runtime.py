@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import Autoscaler, SpinupTrigger
+from sloctl.control.autoscaler import SpinupTrigger, autoscaler_for
 from sloctl.control.background import BackgroundSizer
 from sloctl.control.credits import ClassShare, CreditController, LeasedCredits
 from sloctl.control.managed import ManagedPool, RunningQuery
@@ -563,13 +563,10 @@ class Runtime:
             else:
                 make_router = StageCostRouter
             state.reactive = f"spin-up trigger, size selector (add) and teardown, over {self.router_kind}"
-        autoscaler = Autoscaler(knobs, trigger, self.router, make_router, mode="add",
-                                minimum_s=self.cfg.router.minimum_s, price_per_unit_s=self.cfg.router.price_per_unit_s,
-                                sizer=self.sizer)
-        if old is not None:
-            autoscaler.windows = old.windows
-            autoscaler.windows.window_s = knobs.window_s
-        self.pool.autoscaler = autoscaler
+        self.pool.autoscaler = autoscaler_for(knobs, self.router, make_router, trigger=trigger,
+                                              minimum_s=self.cfg.router.minimum_s,
+                                              price_per_unit_s=self.cfg.router.price_per_unit_s, sizer=self.sizer,
+                                              carry=old)
 
     def _build_admission(self) -> None:
         """The admission policy's credit pool, handed out as leases; a new policy starts a new pool."""

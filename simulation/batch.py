@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import Autoscaler, QueueTrigger, SpinupTrigger
+from sloctl.control.autoscaler import QueueTrigger, SpinupTrigger, autoscaler_for
 from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, Timeline
 from sloctl.models.online import OnlinePredictor
@@ -227,8 +227,8 @@ class WarehouseRunner:
                                  "set ExecutionConfig.autoscaler=None to run a schedule with round-robin.")
             a = config.autoscaler
             trigger = SpinupTrigger(a.theta, a.tau_trigger) if self.trigger == "spinup" else QueueTrigger(self.queue_n)
-            inner = Autoscaler(a, trigger, router, make_router, mode="add", minimum_s=self.minimum_s,
-                               price_per_unit_s=self.price_per_unit_s)
+            inner = autoscaler_for(a, router, make_router, trigger=trigger, minimum_s=self.minimum_s,
+                                   price_per_unit_s=self.price_per_unit_s)
         scheduled = ScheduledSpinups(config.spinups, inner, spinup_delay_s=self.spinup_delay_s,
                                      max_clusters=self.max_clusters)
         clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(config.start_sizes)]

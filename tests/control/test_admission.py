@@ -17,11 +17,11 @@ from sloctl.control.admission import (
     RequestProfile,
     Svalinn,
 )
+from sloctl.control.admission_baselines import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
 from sloctl.control.aqm import BottleneckAQM, DelayBudget
 from sloctl.control.credits import ClassShare, CreditController
 from sloctl.control.msemaphore import EpsilonGreedyTuner
 from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore, MSemaphoreDropped
-from sloctl.simulation.admission_policies import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
 from sloctl.simulation.server_sim import (
     Request,
     RequestType,

@@ -144,12 +144,11 @@ def test_iconq_runner_takes_the_plans_candidate_sizes_only_when_told(monkeypatch
     class Stop(Exception):
         pass
 
-    class FakeAutoscaler:
-        def __init__(self, knobs, *args, **kwargs):
-            seen.append(knobs.candidate_sizes)
-            raise Stop
+    def fake_autoscaler_for(knobs, *args, **kwargs):
+        seen.append(knobs.candidate_sizes)
+        raise Stop
 
-    monkeypatch.setattr(history, "Autoscaler", FakeAutoscaler)
+    monkeypatch.setattr(history, "autoscaler_for", fake_autoscaler_for)
     monkeypatch.setattr(history, "OnlinePredictor", lambda *a: None)
     monkeypatch.setattr(history, "_predictor", lambda folder: None)
     plan = ExecutionConfig(autoscaler=AutoscalerConfig(candidate_sizes=(1,)))

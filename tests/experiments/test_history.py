@@ -8,12 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sloctl.control.autoscaler import AutoscalerConfig
+from sloctl.control.autoscaler import AutoscalerConfig, QueueScaler
 from sloctl.control.managed import ClusterView
 from sloctl.control.router import Query
 from sloctl.experiments.history import (
     HistoryExperimentConfig,
-    QueueScaler,
     history_experiment,
     pick_target_days,
 )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from sloctl.control.admission import AdmitAll
+from sloctl.control.admission_baselines import ProtegoPolicy
 from sloctl.experiments.admission import APPROACHES, make_policy, synthetic_workload, three_bottleneck_workload
-from sloctl.simulation.admission_policies import ProtegoPolicy
 from sloctl.simulation.server_sim import (
     Request,
     RequestType,

@@ -1,10 +1,15 @@
-"""The gateway's placement baselines and the wrapper its managed pool routes through.
+"""Placement without a latency model, and the wrapper the gateway's managed pool routes through.
+
+The model-based routers (Iconq+, Stage + cost) and round-robin are in
+:mod:`sloctl.control.router`.
 
 * :class:`RandomRouter`: a seeded uniform pick among the ready clusters
   (Trino Gateway's default within a routing group).
 * :class:`LeastQueuedRouter`: the cluster with the fewest running plus
   queued queries (Trino Gateway's load-based router; the gateway has no
   per-cluster queue, so it counts the attempts running there).
+* :class:`PackingRouter`: first fit by running queries per size unit (the
+  end-to-end experiment's Queue@N and RAIS baselines).
 * :class:`GatewayRouter`: what :class:`~sloctl.control.managed.ManagedPool`
   routes with. It hands a query to the inner router (Iconq+, Stage or a
   baseline), except that a template the inner router's table does not know
@@ -20,7 +25,7 @@ from collections.abc import Callable
 
 from sloctl.control.router import ClusterState, Query, RouteDecision
 
-__all__ = ["GatewayRouter", "LeastQueuedRouter", "RandomRouter"]
+__all__ = ["GatewayRouter", "LeastQueuedRouter", "PackingRouter", "RandomRouter"]
 
 
 class RandomRouter:
@@ -61,6 +66,36 @@ class LeastQueuedRouter:
 
     def on_complete(self, query_id: int, now_s: float) -> None:
         return None
+
+
+class PackingRouter:
+    """First fit: the oldest cluster below ``pack_n`` running queries per size unit, else the least loaded.
+
+    Packing leaves extra clusters idle once a peak passes, so the teardown
+    trigger can retire them (round-robin would keep every cluster busy).
+    """
+
+    name = "packing"
+
+    def __init__(self, pack_n: int = 1) -> None:
+        self.pack_n = pack_n
+        self._on: dict[int, str] = {}
+        self._running: dict[str, int] = {}
+
+    def route(self, query: Query, clusters: list[ClusterState], now_s: float) -> RouteDecision:
+        if not clusters:
+            raise ValueError("No active cluster to route to.")
+        load = {c.cluster_id: self._running.get(c.cluster_id, 0) / c.size for c in clusters}
+        free = [c for c in clusters if load[c.cluster_id] < self.pack_n]
+        chosen = free[0] if free else min(clusters, key=lambda c: load[c.cluster_id])
+        self._on[query.query_id] = chosen.cluster_id
+        self._running[chosen.cluster_id] = self._running.get(chosen.cluster_id, 0) + 1
+        return RouteDecision(chosen.cluster_id, float("nan"), {})
+
+    def on_complete(self, query_id: int, now_s: float) -> None:
+        cid = self._on.pop(query_id, None)
+        if cid is not None:
+            self._running[cid] -= 1
 
 
 class GatewayRouter:
