@@ -87,8 +87,8 @@ def serve(tracking_uri: str, state_db: str, templates: str, port: int) -> None:
     import torch
     import uvicorn
 
-    from sloctl.serving.app import create_app
-    from sloctl.serving.runtime import load_templates_table
+    from sloctl.serving.controller import load_templates_table
+    from sloctl.serving.runtime.app import create_app
 
     torch.set_num_threads(1)
     app = create_app(_cfg(tracking_uri, state_db), token=TOKEN, templates=load_templates_table(templates))
@@ -307,8 +307,9 @@ def asgi_profile(info: dict[str, str], n: int = 2000) -> dict[str, float]:
     from fastapi import Depends, FastAPI, Header
     from pydantic import BaseModel
 
-    from sloctl.serving.app import create_app
-    from sloctl.serving.runtime import Runtime, load_templates_table
+    from sloctl.serving.controller import load_templates_table
+    from sloctl.serving.runtime import Runtime
+    from sloctl.serving.runtime.app import create_app
 
     folder = Path(tempfile.mkdtemp(prefix="sloctl-bench-asgi-"))
     cfg = _cfg(info["tracking_uri"], str(folder / "state.db"))
@@ -387,7 +388,7 @@ def asgi_profile(info: dict[str, str], n: int = 2000) -> dict[str, float]:
             app.fastapi.user_middleware.clear()
             app.fastapi.middleware_stack = None
             no_timing = await per_request_us(app.fastapi)
-        rt = Runtime(cfg, None, str(folder / "state2.db"))
+        rt = Runtime(cfg, None, str(folder / "state2.db")).start()
         started = time.perf_counter()
         for _ in range(n):
             with rt.lock:

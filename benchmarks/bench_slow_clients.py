@@ -72,7 +72,7 @@ def serve_baseline(config: str, port: int) -> None:
 
     from sloctl.config import load_config
     from sloctl.serving._http_guard import raise_nofile_limit
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
 
     raise_nofile_limit()
     cfg = load_config(Path(config))

@@ -5,7 +5,7 @@ every control point of a request's life on one server — admit it at all, let
 it join a bottleneck's queue, let it start a memory-bound section — and hears
 every outcome and the clock. The same object runs inside the simulator
 (:func:`sloctl.simulation.server_sim.simulate`) and behind the live ASGI
-middleware and asyncio m_semaphore (:mod:`sloctl.serving.admission`): each
+middleware and asyncio m_semaphore (:mod:`sloctl.serving.runtime.admission`): each
 driver only turns its own events and clock into these calls, so a controller
 that works in simulation works live unchanged.
 

@@ -217,7 +217,7 @@ class RetryPolicy:
     DiffTry ("Prioritizing Microservice Requests via Retries") lets a class
     retry more to prioritise it. Chosen by
     :func:`sloctl.training.retry_budget.optimise_budgets`; served to Envoy
-    sidecars by the runtime (:mod:`sloctl.serving.envoy`).
+    sidecars by the runtime (:mod:`sloctl.serving.runtime.envoy`).
 
     Attributes:
         retries: ``{class: {service: k}}``, the budgets the sidecars enforce.
@@ -334,7 +334,7 @@ class AdmissionPolicy:
     """Svalinn's admission settings, tuned in the server simulator.
 
     Written by :func:`sloctl.training.admission_policy.tune_admission`; the
-    live middleware and m_semaphore (:mod:`sloctl.serving.admission`) and the
+    live middleware and m_semaphore (:mod:`sloctl.serving.runtime.admission`) and the
     runtime read it.
 
     Attributes:

@@ -5,8 +5,8 @@ for memory bandwidth and worker threads, not for the interpreter); ``/cpu`` is
 light work. Both run in the app's worker thread pool, so without control a
 flood of ``/mem`` requests takes every worker and ``/cpu`` waits behind it —
 the single-queue fallacy on a small scale. ``build_app(controlled=True)``
-wraps the same handlers in :class:`~sloctl.serving.admission.AdmissionMiddleware`
-and guards the copy with an :class:`~sloctl.serving.admission.AsyncMSemaphore`
+wraps the same handlers in :class:`~sloctl.serving.runtime.admission.AdmissionMiddleware`
+and guards the copy with an :class:`~sloctl.serving.runtime.admission.AsyncMSemaphore`
 (``try_acquire``: a copy that cannot start at once is dropped with 503); both
 adapt one :class:`~sloctl.control.admission.Svalinn`, the object the simulator runs.
 
@@ -25,7 +25,7 @@ from typing import Any
 from sloctl.control.admission import MemoryGate, Svalinn
 from sloctl.control.aqm import BottleneckAQM
 from sloctl.control.credits import ClassShare, CreditController
-from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore
+from sloctl.serving.runtime.admission import AdmissionMiddleware, AsyncMSemaphore
 
 __all__ = ["LoadResult", "build_app", "run_load"]
 

@@ -18,9 +18,9 @@ Three controls, one at a time, each in a fresh ``uvicorn`` process:
 * ``single-queue`` — :class:`~sloctl.control.admission_baselines.SingleQueuePolicy`
   (Breakwater-like AIMD on the server's queueing delay, blind to the
   endpoint) behind :class:`ControllerMiddleware`;
-* ``svalinn`` — :class:`~sloctl.serving.admission.AdmissionMiddleware` around
+* ``svalinn`` — :class:`~sloctl.serving.runtime.admission.AdmissionMiddleware` around
   one :class:`~sloctl.control.admission.Svalinn`: its credits, its
-  m_semaphore around ``/mem`` (:class:`~sloctl.serving.admission.AsyncMSemaphore`,
+  m_semaphore around ``/mem`` (:class:`~sloctl.serving.runtime.admission.AsyncMSemaphore`,
   waits only within the request's budget) and an AQM before the lock.
 
 :func:`measure_resources` first measures what the machine offers: each
@@ -218,7 +218,12 @@ def _controlled_app(config: Mapping[str, Any]) -> Any:
     from starlette.concurrency import run_in_threadpool
 
     from sloctl.control.admission_baselines import SingleQueuePolicy
-    from sloctl.serving.admission import AdmissionMiddleware, AdmissionSettings, AsyncMSemaphore, MSemaphoreDropped
+    from sloctl.serving.runtime.admission import (
+        AdmissionMiddleware,
+        AdmissionSettings,
+        AsyncMSemaphore,
+        MSemaphoreDropped,
+    )
 
     control = config["control"]
     n = config["mem_mb"] * 1024 * 1024 // 8

@@ -160,8 +160,8 @@ def _send(port: int, sql: str, item: dict[str, Any], base: float, out: dict[str,
 def _run_arm(arm: str, db_path: Path, arrivals: list[dict[str, Any]], sql: Mapping[str, str], *, predictor: Any,
              templates: Any, sizes: tuple[int, ...], policy: Any, router_cfg: Any, pool_options: Any,
              seed: int) -> GatewayArm:
-    from sloctl.serving._gateway_app import create_gateway_app
     from sloctl.serving.gateway import Gateway, GatewayOptions
+    from sloctl.serving.gateway.app import create_gateway_app
     from sloctl.serving.local import LocalServer
 
     router, admission, retries = ARMS[arm]
@@ -224,7 +224,7 @@ def run_gateway_experiment(db_path: str | Path, log: Any, predictor: Any, *, siz
         arms: the arms to run (default: all four).
     """
     from sloctl.core.config import RouterSection
-    from sloctl.serving._gateway_policy import GatewayPolicy
+    from sloctl.serving.gateway.policy import GatewayPolicy
     from sloctl.serving.live import live_setup
 
     unknown = [a for a in arms if a not in ARMS]

@@ -277,7 +277,7 @@ def audit(redis_url: str, prefix: str, *, price_per_unit_s: float, reported_cost
     every open one up to its timer's last time), ``reported_cost``, ``routes_outside_windows`` (route events
     of the log whose time is in no window of their cluster), ``overlapping_windows``.
     """
-    from sloctl.serving.state_redis import RedisStateStore, parse_events
+    from sloctl.serving.runtime.state_redis import RedisStateStore, parse_events
 
     store = RedisStateStore(redis_url, prefix=prefix)
     r = store.r

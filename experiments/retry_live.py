@@ -3,7 +3,7 @@
 Every service of a :class:`~sloctl.models.retry_network.NetworkSpec` becomes a
 small aiohttp server on 127.0.0.1 (all of them in one child process), and every
 service is reached only through its own Envoy sidecar, whose routes come from
-:func:`sloctl.serving.envoy.envoy_bootstrap` and give each class (header
+:func:`sloctl.serving.runtime.envoy.envoy_bootstrap` and give each class (header
 ``x-priority``) ``k[class][service]`` retries on 503. A seeded open-loop load
 generator sends per-class Poisson arrivals to the sidecars of the services with
 external arrivals and measures per-class end-to-end rejection, latency and the
@@ -55,11 +55,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sloctl.experiments.retry_sweep import sweep_spec
 from sloctl.models.retry import solve_network
 from sloctl.models.retry_network import NetworkSpec, load_network, network_from_mapping
-from sloctl.serving.envoy import envoy_binary, envoy_bootstrap, policy_timing
 from sloctl.serving.local import free_port
+from sloctl.serving.runtime.envoy import envoy_binary, envoy_bootstrap, policy_timing
+from sloctl.simulation.retry_sweep import sweep_spec
 
 __all__ = ["RetryTestbed", "retry_live_experiment", "scaled_spec"]
 
@@ -491,7 +491,7 @@ def retry_live_experiment(network_path: str | Path, *, loads: Sequence[float] = 
 
     The network is scaled (:func:`scaled_spec`); at each load the non-``fixed``
     classes are scaled so that the bottleneck's offered load is that ρ
-    (:func:`~sloctl.experiments.retry_sweep.sweep_spec`). For each budget
+    (:func:`~sloctl.simulation.retry_sweep.sweep_spec`). For each budget
     vector one testbed is started and every load is run on it in turn. The
     sidecars' back-off and per-try timeouts come from the policy document of
     the scaled network (mean retry delay ``retry_delay_s``), the same

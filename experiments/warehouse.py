@@ -23,12 +23,11 @@ from sloctl.control.autoscaler import (
     autoscaler_for,
 )
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, RouterGuard, StageCostRouter
-from sloctl.datasets.slo import slo_baselines
 from sloctl.datasets.tpc import Template
 from sloctl.datasets.workloads import base_workload
 from sloctl.models.metrics import q_error_summary
 from sloctl.models.online import OnlinePredictor
-from sloctl.simulation.emulator import calibrate
+from sloctl.simulation.emulator import calibrated_world
 from sloctl.simulation.engine import WarehouseSimulator
 
 if TYPE_CHECKING:
@@ -187,15 +186,7 @@ def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dic
 
 def _setup(log: pd.DataFrame, sizes: set[int], seed: int):
     """World, calibration report, SLO references, usable templates, time unit and feature table."""
-    world, report = calibrate(log, seed=seed)
-    sizes = sorted(sizes)
-    slo_ref = slo_baselines(log, min(sizes))
-    templates = [t for t in world.templates() if t in slo_ref and all((t, s) in world.isolated_s for s in sizes)]
-    if not templates:
-        raise ValueError(f"The log has no template with isolated runs on every size {sizes}.")
-    mean_iso = float(np.mean([world.isolated_s[(t, min(sizes))] for t in templates]))
-    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
-    return world, report, slo_ref, templates, mean_iso, table
+    return calibrated_world(log, sizes, seed)
 
 
 def predictor_error(frames: list[pd.DataFrame]) -> dict[str, float]:

@@ -26,7 +26,7 @@ On a cyclic routing graph a call path is cut the second time it reaches a
 service.
 
 Pure Python over the network's mapping form, so that the sidecar side
-(:mod:`sloctl.serving.envoy`, which a numpy-free sync agent imports) and the
+(:mod:`sloctl.serving.runtime.envoy`, which a numpy-free sync agent imports) and the
 optimiser compute the same numbers from the same policy document.
 """
 

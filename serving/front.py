@@ -1,7 +1,7 @@
 """The runtime's front door: authenticate and bound every request before anything costly runs.
 
 :class:`FrontDoor` is a plain ASGI wrapper that sits outside everything else
-in :func:`sloctl.serving.app.create_app`. For each HTTP request, in order:
+in :func:`sloctl.serving.runtime.app.create_app`. For each HTTP request, in order:
 
 1. **Route.** The path is matched against the app's routes; the matched
    route's *template* (``/v1/clusters/{cluster_id}``) is the metrics label,
@@ -19,7 +19,7 @@ in :func:`sloctl.serving.app.create_app`. For each HTTP request, in order:
    gets 413 too; a body not complete within ``serve.body_timeout_s`` gets 408.
    Error answers never echo the body, and close the connection.
 5. **Self-protection.** Only then does authenticated work enter the
-   self-protecting :class:`~sloctl.serving.admission.AdmissionMiddleware`
+   self-protecting :class:`~sloctl.serving.runtime.admission.AdmissionMiddleware`
    (credits and the server AQM); work that frees resources
    (``/v1/complete``, ``/v1/release``) is never shed and skips it.
 

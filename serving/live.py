@@ -34,6 +34,7 @@ from sloctl.datasets.slo import isolated_medians, slo_baselines
 from sloctl.datasets.tpc import Template, load_templates
 from sloctl.datasets.workloads import base_workload
 from sloctl.models.online import OnlinePredictor
+from sloctl.serving.controller import PoolBackend
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from sloctl.control.router import Router
     from sloctl.models.predictor import LatencyPredictor
 
-__all__ = ["HttpRouter", "LiveResult", "PoolBackend", "live_setup", "run_live", "run_live_through_service",
+__all__ = ["HttpRouter", "LiveResult", "live_setup", "run_live", "run_live_through_service",
            "torch_threads"]
 
 #: Lead time between "every cluster is ready" and the run clock's zero.
@@ -329,29 +330,6 @@ def _background_sizer(autoscaler: Autoscaler | None) -> Iterator[BackgroundSizer
     finally:
         autoscaler.sizer = None
         sizer.close()
-
-
-class PoolBackend:
-    """The managed pool's spin-ups and teardowns as real DuckDB cluster processes.
-
-    Spun-up clusters are named ``auto{n}-s{size}``, ``n`` the number of
-    clusters started so far; their readiness is polled (``run_live``'s
-    ``refresh_ready``). A size that does not fit raises
-    :class:`~sloctl.core.errors.ClusterPoolError`, which the pool records as refused.
-    """
-
-    def __init__(self, pool: Any, started: int) -> None:
-        self.pool = pool
-        self.started = started
-
-    def spin_up(self, size: int, now_s: float) -> tuple[str, None]:
-        cid = f"auto{self.started}-s{size}"
-        self.pool.spin_up(size, cluster_id=cid)
-        self.started += 1
-        return cid, None
-
-    def tear_down(self, cluster_id: str, now_s: float) -> None:
-        self.pool.tear_down(cluster_id)
 
 
 def _check_alive(pool: Any, busy: set[str]) -> None:

@@ -35,7 +35,7 @@ from sloctl.models.metrics import q_error_summary
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["CalibrationReport", "WarehouseEmulator", "calibrate", "replay_processor_sharing"]
+__all__ = ["CalibrationReport", "WarehouseEmulator", "calibrate", "calibrated_world", "replay_processor_sharing"]
 
 _ALPHAS = np.round(np.arange(0.2, 1.61, 0.05), 3)
 
@@ -231,3 +231,30 @@ def _replay_errors(run: pd.DataFrame, isolated: dict[tuple[str, int], float], al
     pred = _replay(run, isolated, alpha)
     keep = np.isfinite(pred) & (run["neighbours"].to_numpy() > 0)
     return np.log(np.maximum(pred[keep], 1e-6) / run["latency_s"].to_numpy()[keep])
+
+
+def calibrated_world(log: pd.DataFrame, sizes: set[int], seed: int):
+    """The emulated warehouse of ``log`` and what a simulated day over it needs.
+
+    Returns:
+        ``(world, report, slo_ref, templates, mean_iso, table)``: the
+        calibrated :class:`WarehouseEmulator` and its :class:`CalibrationReport`;
+        SLO references (isolated medians on the smallest size); the templates
+        with isolated runs on every size of ``sizes``; their mean isolated
+        latency on the smallest size (the time unit of scaled scenarios); and
+        one feature row per template.
+
+    Raises:
+        ValueError: no template has isolated runs on every size.
+    """
+    from sloctl.datasets.slo import slo_baselines
+
+    world, report = calibrate(log, seed=seed)
+    sizes = sorted(sizes)
+    slo_ref = slo_baselines(log, min(sizes))
+    templates = [t for t in world.templates() if t in slo_ref and all((t, s) in world.isolated_s for s in sizes)]
+    if not templates:
+        raise ValueError(f"The log has no template with isolated runs on every size {sizes}.")
+    mean_iso = float(np.mean([world.isolated_s[(t, min(sizes))] for t in templates]))
+    table = log.drop_duplicates("template").set_index("template", drop=False).loc[templates].reset_index(drop=True)
+    return world, report, slo_ref, templates, mean_iso, table

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -13,9 +13,10 @@ from sloctl.core.errors import QueryLogError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["SEVERAL_LOGS_HELP", "ConfigOption", "ForceOption", "bind_port", "check_out", "cli_router",
+__all__ = ["SEVERAL_LOGS_HELP", "Config", "ConfigOption", "ForceOption", "Json", "Seed", "at_least", "bind_port",
+           "check_out", "cli_router",
            "describe_logs", "echo", "keep_mode", "load_cli_config", "load_cli_model", "log_files", "package_version",
-           "parse_sizes", "read_logs", "read_logs_with_metadata"]
+           "parse_sizes", "positive", "read_logs", "read_logs_with_metadata", "within"]
 
 #: The help text every ``--log`` option ends with.
 SEVERAL_LOGS_HELP = ("Repeat --log for several logs, or name a folder (its *.parquet, sorted); "
@@ -24,6 +25,34 @@ SEVERAL_LOGS_HELP = ("Repeat --log for several logs, or name a folder (its *.par
 ConfigOption = typer.Option(None, "--config", "-c", help="YAML config (default: configs/default.yaml).")
 ForceOption = typer.Option(False, "--force", help="Overwrite --out even when it is not a file of the kind this "
                            "command writes.")
+
+# Options every command spells the same way (typer's Annotated form: `seed: Seed = 0`).
+Seed = Annotated[int, typer.Option(help="Seed of every random draw (same seed, same result).")]
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON.")]
+Config = Annotated[Path | None, typer.Option("--config", "-c", help="YAML config (default: configs/default.yaml).")]
+
+
+def positive(**options: float | None) -> None:
+    """Refuse any option not > 0 (``None`` is not given); keys are option names with ``_`` for ``-``."""
+    for name, value in options.items():
+        if value is not None and not value > 0:
+            raise typer.BadParameter(f"must be > 0; got {value}", param_hint="--" + name.replace("_", "-"))
+
+
+def at_least(minimum: int, **options: int | None) -> None:
+    """Refuse any option below ``minimum`` (``None`` is not given)."""
+    for name, value in options.items():
+        if value is not None and value < minimum:
+            raise typer.BadParameter(f"must be >= {minimum}; got {value}", param_hint="--" + name.replace("_", "-"))
+
+
+def within(low: float, high: float, **options: float | None) -> None:
+    """Refuse any option outside ``[low, high]`` (``None`` is not given)."""
+    for name, value in options.items():
+        if value is not None and not low <= value <= high:
+            raise typer.BadParameter(f"must be in [{low:g}, {high:g}]; got {value}",
+                                     param_hint="--" + name.replace("_", "-"))
+
 
 #: What each kind of ``--out`` is called in messages.
 _KINDS = {"log": "a sloctl query log", "bundle": "a model bundle (a folder with meta.json)",
@@ -241,7 +270,7 @@ def log_files(paths: Sequence[Path], option: str = "--log") -> list[Path]:
 
 def _vouched_files(folder: Path, found: list[Path], option: str) -> list[Path]:
     """``found`` as the folder's gateway manifest vouches for it (all of ``found`` without a manifest)."""
-    from sloctl.serving._gateway_log import MANIFEST_NAME, file_sha256, read_manifest
+    from sloctl.serving.gateway.log import MANIFEST_NAME, file_sha256, read_manifest
 
     try:
         listed = read_manifest(folder)

@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from sloctl._cli_common import (
     SEVERAL_LOGS_HELP,
+    Config,
     ConfigOption,
+    Json,
+    Seed,
+    at_least,
     cli_router,
     echo,
     load_cli_config,
     parse_sizes,
+    positive,
     read_logs,
+    within,
 )
 
 if TYPE_CHECKING:
@@ -118,8 +124,8 @@ def experiment_router_cmd(
 
 
 def _plot_scenarios(result: dict, path: Path, title: str) -> None:
-    """Bar charts of VR and cost per approach, one group per scenario (experiments/plots.py)."""
-    from sloctl.experiments.plots import plot_approach_bars, scenario_label
+    """Bar charts of VR and cost per approach, one group per scenario (sloctl/plots.py)."""
+    from sloctl.plots import plot_approach_bars, scenario_label
 
     groups = {scenario_label(s): s["results"] for s in result["scenarios"]}
     echo(f"wrote {plot_approach_bars(groups, path, title=title)}")
@@ -196,7 +202,7 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
                                         pool_options=cfg.warehouse.pool_options() if budgets else None,
                                         stage_router=stage)
     if plot is not None:
-        from sloctl.experiments.plots import plot_approach_bars
+        from sloctl.plots import plot_approach_bars
 
         echo(f"wrote {plot_approach_bars(result['results'], plot, title=f'experiment router --live: {rounds} rounds')}")
     if as_json:
@@ -344,7 +350,7 @@ def _experiment_scaling_live(kind: str, log: list[Path], model: str, db: Path | 
                                            warmup_s=warmup_s, on_progress=progress,
                                            pool_options=cfg.warehouse.pool_options() if budgets else None)
     if plot is not None:
-        from sloctl.experiments.plots import plot_approach_bars
+        from sloctl.plots import plot_approach_bars
 
         echo(f"wrote {plot_approach_bars(result['results'], plot, title=f'experiment {kind} --live (seed {seed})')}")
     if as_json:
@@ -691,6 +697,23 @@ def _model_folder(model: str, cfg: SloctlConfig, stack) -> str:
     return folder
 
 
+LiveDb = Annotated[Path | None, typer.Option("--db", help="With --live: the TPC-H database the grading log was "
+                                             "collected on (default: TPC-H SF 1 in warehouse.data_dir).")]
+LiveKappa = Annotated[float, typer.Option(help="With --live: the scenario's κ (one the simulation ran).")]
+LiveTimeScale = Annotated[float | None, typer.Option(help="With --live: live seconds per simulated second "
+                                                     "(default: 1, or less so that the day lasts --live-max-day-s; "
+                                                     "below 1 the live load is 1/scale × the simulated one).")]
+LiveMaxDay = Annotated[float, typer.Option(help="With --live and no --live-time-scale: the longest live day.")]
+LiveMaxQueries = Annotated[int | None, typer.Option(help="With --live: replay only the day's first N arrivals "
+                                                    "(a smoke run; the live figures then cover those only).")]
+LiveBudgets = Annotated[bool, typer.Option("--live-budgets/--live-pinned", help="With --live: sizes as CPU "
+                                           "budgets (warehouse.size_unit_cores) beside the controller's reserved "
+                                           "core.")]
+LiveRegistry = Annotated[str | None, typer.Option(help="With --live: the MLflow store to register the plan and the "
+                                                  "model in (default: a temporary one; in yours they are named "
+                                                  "*-e2e-live, no champion of yours moves).")]
+
+
 @experiment_app.command("end-to-end")
 def experiment_end_to_end_cmd(
     hourly: Path | None = typer.Option(None, "--hourly", help="Redset-style hourly counts (default: "
@@ -703,9 +726,9 @@ def experiment_end_to_end_cmd(
                               "a registry URI or a bundle folder."),
     instance: int | None = typer.Option(None, "--instance", help="Redset instance (default: the densest with two "
                                         "days whose 30-day histories do not overlap)."),
-    seed: int = typer.Option(0, help="Seed of forecasts, arrivals, service draws and tuning."),
+    seed: Seed = 0,
     quick: bool = typer.Option(False, help="A shorter compressed day and less tuning (seconds)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    as_json: Json = False,
     allow_same_log: bool = typer.Option(False, "--allow-same-log", help="Grade on --grade-log even when it holds "
                                         "--train-log's rows."),
     plots: Path | None = typer.Option(Path("reports/end_to_end"), help="Folder for one PNG per scenario ('' to "
@@ -713,53 +736,73 @@ def experiment_end_to_end_cmd(
     live: bool = typer.Option(False, "--live", help="Then run one scenario (the first day, --live-kappa) live: "
                               "AutoSLO's plan enacted by a real `sloctl serve` on DuckDB clusters, and the best "
                               "baseline of the simulation, on the same arrivals (docs/end_to_end.md)."),
-    db: Path | None = typer.Option(None, "--db", help="With --live: the TPC-H database the grading log was "
-                                   "collected on (default: TPC-H SF 1 in warehouse.data_dir)."),
-    live_kappa: float = typer.Option(2.0, help="With --live: the scenario's κ (one the simulation ran)."),
-    live_time_scale: float | None = typer.Option(None, help="With --live: live seconds per simulated second "
-                                                 "(default: 1, or less so that the day lasts --live-max-day-s; "
-                                                 "below 1 the live load is 1/scale × the simulated one)."),
-    live_max_day_s: float = typer.Option(300.0, help="With --live and no --live-time-scale: the longest live day."),
-    live_max_queries: int | None = typer.Option(None, help="With --live: replay only the day's first N arrivals "
-                                                "(a smoke run; the live figures then cover those only)."),
-    live_budgets: bool = typer.Option(True, "--live-budgets/--live-pinned", help="With --live: sizes as CPU "
-                                      "budgets (warehouse.size_unit_cores) beside the controller's reserved core."),
-    live_registry: str | None = typer.Option(None, help="With --live: the MLflow store to register the plan and "
-                                             "the model in (default: a temporary one; in yours they are named "
-                                             "*-e2e-live, no champion of yours moves)."),
-    config: Path | None = ConfigOption,
+    db: LiveDb = None,
+    live_kappa: LiveKappa = 2.0,
+    live_time_scale: LiveTimeScale = None,
+    live_max_day_s: LiveMaxDay = 300.0,
+    live_max_queries: LiveMaxQueries = None,
+    live_budgets: LiveBudgets = True,
+    live_registry: LiveRegistry = None,
+    config: Config = None,
 ) -> None:
     """AutoSLO end to end (§8.2): the Policy Tuner's plan + Iconq+ router + Autoscaler vs fixed clusters, Queue@N
     and an emulation of Redshift's AI-driven scaling, graded in a world calibrated on a held-out log."""
-    import contextlib
-
-    from sloctl.experiments.end_to_end import end_to_end_experiment, plot_scenarios
-
-    if live:
-        from sloctl.experiments.end_to_end import EndToEndConfig
-
-        kappas = EndToEndConfig().tuner.kappas
-        if not any(abs(k - live_kappa) < 1e-9 for k in kappas):
-            raise typer.BadParameter(f"must be a κ the simulation runs ({', '.join(f'{k:g}' for k in kappas)}); "
-                                     f"got {live_kappa:g}", param_hint="--live-kappa")
-    if live and live_time_scale is not None and not live_time_scale > 0:
-        raise typer.BadParameter(f"must be > 0; got {live_time_scale}", param_hint="--live-time-scale")
-    if live and not live_max_day_s > 0:
-        raise typer.BadParameter(f"must be > 0; got {live_max_day_s}", param_hint="--live-max-day-s")
-    if live and live_max_queries is not None and live_max_queries < 1:
-        raise typer.BadParameter(f"must be >= 1; got {live_max_queries}", param_hint="--live-max-queries")
-
-    hourly = hourly if hourly is not None else _shared_hourly()
-    if not hourly.is_file():
-        raise typer.BadParameter(f"no hourly counts at {hourly}; name the Redset hourly Parquet or set SLOCTL_SHARED",
-                                 param_hint="--hourly")
+    live_cfg = _live_end_to_end(live_kappa, live_time_scale, live_max_day_s, live_max_queries, live_budgets,
+                                live_registry) if live else None
+    hourly = _hourly_or_exit(hourly)
     _held_out_or_exit(train_log, grade_log, allow_same_log, "--train-log")
     cfg = load_cli_config(config)
     live_db = _live_db(db, cfg) if live else None
     train, grade = read_logs(train_log, "--train-log"), read_logs(grade_log, "--grade-log")
     labels = {"train_log": ",".join(map(str, train_log)), "grade_log": ",".join(map(str, grade_log)), "model": model}
+    result, live_doc = _run_end_to_end(hourly, train, grade, model, cfg, labels, live_db, live_cfg,
+                                       instance=instance, seed=seed, quick=quick, allow_same_log=allow_same_log)
+    if plots is not None and str(plots) not in ("", "."):  # typer reads --plots '' as Path('.')
+        from sloctl.experiments.end_to_end import plot_scenarios
+
+        for path in plot_scenarios(result, plots):
+            echo(f"wrote {path}")
+    doc = result.to_json()
+    if live_doc is not None:
+        doc["live"] = live_doc
+    if as_json:
+        typer.echo(json.dumps(doc, default=float))
+    else:
+        _echo_end_to_end(doc)
+
+
+def _live_end_to_end(live_kappa: float, live_time_scale: float | None, live_max_day_s: float,
+                     live_max_queries: int | None, live_budgets: bool, live_registry: str | None):
+    """The ``--live-*`` options as a :class:`~sloctl.experiments.end_to_end_live.LiveEndToEndConfig`, checked."""
+    from sloctl.experiments.end_to_end import EndToEndConfig
+    from sloctl.experiments.end_to_end_live import LiveEndToEndConfig
+
+    kappas = EndToEndConfig().tuner.kappas
+    if not any(abs(k - live_kappa) < 1e-9 for k in kappas):
+        raise typer.BadParameter(f"must be a κ the simulation runs ({', '.join(f'{k:g}' for k in kappas)}); "
+                                 f"got {live_kappa:g}", param_hint="--live-kappa")
+    positive(live_time_scale=live_time_scale, live_max_day_s=live_max_day_s)
+    at_least(1, live_max_queries=live_max_queries)
+    return LiveEndToEndConfig(kappa=live_kappa, time_scale=live_time_scale, max_day_s=live_max_day_s,
+                              budgets=live_budgets, tracking_uri=live_registry, max_queries=live_max_queries)
+
+
+def _hourly_or_exit(hourly: Path | None) -> Path:
+    hourly = hourly if hourly is not None else _shared_hourly()
+    if not hourly.is_file():
+        raise typer.BadParameter(f"no hourly counts at {hourly}; name the Redset hourly Parquet or set SLOCTL_SHARED",
+                                 param_hint="--hourly")
+    return hourly
+
+
+def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db, live_cfg, *, instance, seed: int,
+                    quick: bool, allow_same_log: bool):
+    """The simulated experiment, then (with ``live_cfg``) its live scenario; (result, live JSON or None)."""
+    import contextlib
 
     from sloctl.core.progress import progress as progress_bar
+    from sloctl.experiments.end_to_end import EndToEndConfig, end_to_end_experiment
+    from sloctl.experiments.end_to_end_live import end_to_end_live
 
     with contextlib.ExitStack() as stack:
         bar = stack.enter_context(progress_bar("experiment end-to-end: scenarios", total=None))
@@ -768,35 +811,23 @@ def experiment_end_to_end_cmd(
             cells = "  ".join(f"{k} VR {v['vr']:.3f} cost {v['cost']:.1f}" for k, v in s["results"].items())
             bar.log(f"{s['day']} κ={s['kappa']:g} (graded in the held-out world): {cells}")
 
+        def live_progress(approach: str, done: int, total: int) -> None:
+            bar.update(done, total=total, description=f"experiment end-to-end --live: {approach}, queries")
+
         bundle = _model_folder(model, cfg, stack)
         result = end_to_end_experiment(hourly, train, grade, bundle, instance=instance,
                                        seed=seed, quick=quick, router=cfg.router, allow_same_log=allow_same_log,
                                        labels=labels, on_scenario=progress, on_progress=bar.callback())
-        live_doc = None
-        if live:
-            from sloctl.experiments.end_to_end import EndToEndConfig
-            from sloctl.experiments.end_to_end_live import LiveEndToEndConfig, end_to_end_live
+        if live_cfg is None:
+            return result, None
+        e2e = EndToEndConfig().quick() if quick else EndToEndConfig()
+        return result, end_to_end_live(
+            result, live_db, bundle, router=cfg.router, tuner=e2e.tuner,
+            pool_options=cfg.warehouse.pool_options() if live_cfg.budgets else None, cfg=live_cfg,
+            on_progress=live_progress)
 
-            def live_progress(approach: str, done: int, total: int) -> None:
-                bar.update(done, total=total, description=f"experiment end-to-end --live: {approach}, queries")
 
-            e2e = EndToEndConfig().quick() if quick else EndToEndConfig()
-            live_doc = end_to_end_live(
-                result, live_db, bundle, router=cfg.router, tuner=e2e.tuner,
-                pool_options=cfg.warehouse.pool_options() if live_budgets else None,
-                cfg=LiveEndToEndConfig(kappa=live_kappa, time_scale=live_time_scale, max_day_s=live_max_day_s,
-                                       budgets=live_budgets, tracking_uri=live_registry,
-                                       max_queries=live_max_queries),
-                on_progress=live_progress)
-    if plots is not None and str(plots) not in ("", "."):  # typer reads --plots '' as Path('.')
-        for path in plot_scenarios(result, plots):
-            echo(f"wrote {path}")
-    doc = result.to_json()
-    if live_doc is not None:
-        doc["live"] = live_doc
-    if as_json:
-        typer.echo(json.dumps(doc, default=float))
-        return
+def _echo_end_to_end(doc: dict) -> None:
     world = doc["world"]
     typer.echo(f"instance {world['instance']}, τ={doc['tau_target']:g}; graded in the world of "
                f"{world['grade_log']['source']} (held out, {world['grade_log']['demand']} demand); trained on "
@@ -821,8 +852,8 @@ def experiment_end_to_end_cmd(
         bound = "" if summary["floor_is_least"] else " (not a bound here: some approach paid less than the floor)"
         typer.echo(f"the floor vs the cheapest baseline meeting τ: {pct(summary['floor_vs_next_best'])}, the "
                    f"lowest 'cost vs the cheapest baseline meeting τ' any approach could reach{bound}")
-    if live_doc is not None:
-        _echo_end_to_end_live(live_doc)
+    if "live" in doc:
+        _echo_end_to_end_live(doc["live"])
 
 
 def _echo_end_to_end_live(live: dict) -> None:
@@ -1009,3 +1040,82 @@ def experiment_postgres_log_cmd(
         typer.echo(result.to_json())
         return
     typer.echo(result.to_markdown().rstrip("\n"))
+
+
+@experiment_app.command("gateway")
+def experiment_gateway_cmd(
+    log: list[Path] = typer.Option(..., "--log", "-l", help="Query log with isolated size-1 runs: SLO references, "
+                                   "plan features, the time unit."),
+    model: str = typer.Option("models:/iconq@champion", help="Model the sloctl arms route with (registry URI or "
+                              "bundle folder)."),
+    db: Path | None = typer.Option(None, help="TPC-H database the log was collected on (default: SF 1)."),
+    sizes: str = typer.Option("1,1", help="Clusters of every arm, comma-separated."),
+    queries: int = typer.Option(120, help="Arrivals per round."),
+    load: float = typer.Option(0.8, help="Base rate, x the clusters' capacity (sum of sizes / mean isolated "
+                               "latency)."),
+    burst: float = typer.Option(2.0, help="The middle third of the arrivals comes at this x the base rate."),
+    high_share: float = typer.Option(0.2, help="Fraction of high-priority queries."),
+    kappa: float = typer.Option(2.0, help="SLO = kappa x the template's largest isolated latency on size 1."),
+    seed: Seed = 0,
+    rounds: int = typer.Option(1, help="Rounds (seeds seed, seed+1, ...; arm order rotates)."),
+    templates: str | None = typer.Option(None, help="Only these templates, comma-separated (e.g. "
+                                         "tpch-q01,tpch-q06)."),
+    arms: str | None = typer.Option(None, help="Only these arms, comma-separated (default: random, least-queued, "
+                                    "sloctl, sloctl+admission+retries)."),
+    policy: Path | None = typer.Option(None, help="Gateway policy (YAML) instead of the experiment's defaults."),
+    budgets: bool = typer.Option(False, "--budgets", help="Cluster sizes as CPU budgets (warehouse.* in the "
+                                 "config)."),
+    as_json: bool = typer.Option(False, "--json"),
+    config: Config = None,
+) -> None:
+    """Random vs least-queued vs sloctl routing vs sloctl + admission + class retries, through real Trino clients."""
+    from sloctl._cli_common import load_cli_model
+    from sloctl.experiments.gateway import ARMS, run_gateway_experiment
+    from sloctl.serving.gateway.policy import load_gateway_policy
+
+    cfg = load_cli_config(config)
+    at_least(1, queries=queries, rounds=rounds)
+    positive(load=load, burst=burst, kappa=kappa)
+    within(0, 1, high_share=high_share)
+    chosen = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else tuple(ARMS)
+    if not chosen or any(a not in ARMS for a in chosen):
+        raise typer.BadParameter(f"expected arms among {', '.join(ARMS)}; got {arms!r}", param_hint="--arms")
+    database = _live_db(db, cfg)
+    frame = read_logs(log)
+    predictor = load_cli_model(model, cfg)
+    gateway_policy = load_gateway_policy(policy) if policy is not None else None
+    only = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
+    result = run_gateway_experiment(
+        database, frame, predictor, sizes=parse_sizes(sizes, "--sizes"), n_queries=queries, load=load, burst=burst,
+        high_share=high_share, kappa=kappa, seed=seed, rounds=rounds, policy=gateway_policy, router_cfg=cfg.router,
+        pool_options=cfg.warehouse.pool_options() if budgets else None, only_templates=only, arms=chosen,
+        on_progress=echo)
+    if as_json:
+        typer.echo(json.dumps(result.to_json()))
+    else:
+        _echo_gateway_experiment(result)
+
+
+def _echo_gateway_experiment(result) -> None:
+    s = result.settings
+    typer.echo(f"experiment gateway: {s['n_queries']} queries x {s['rounds']} round(s), clusters {s['sizes']}, "
+               f"load {s['load']:g} with a {s['burst']:g}x burst, high {s['high_share']:.0%}, kappa {s['kappa']:g} "
+               f"(mean SLO {s['mean_slo_s']:.3f} s); graded by {result.world}")
+    typer.echo(f"{'arm':26} {'class':6} {'sub':>4} {'adm':>4} {'def':>4} {'shed':>4} {'fail':>4} {'VR':>6} "
+               f"{'VR(run)':>7} {'goodput/s':>9} {'p50 s':>7} {'cost':>8}")
+
+    def fmt(value, spec):
+        return "-" if value is None else format(value, spec)
+
+    for arm in result.arms:
+        for klass, row in [*arm.per_class.items(), ("all", arm.overall)]:
+            typer.echo(f"{arm.arm:26} {klass:6} {row['submitted']:4d} {row['admitted']:4d} {row['deferred']:4d} "
+                       f"{row['shed']:4d} {row['failed']:4d} {fmt(row['vr'], '6.3f')} {fmt(row['vr_served'], '7.3f')} "
+                       f"{fmt(row['goodput_per_s'], '9.3f')} {fmt(row['latency_p50_s'], '7.3f')} "
+                       f"{arm.cost if klass == 'all' else float('nan'):8.1f}")
+        typer.echo(f"{'':26} retries {arm.retries}, placed despite a predicted miss {arm.forced}, "
+                   f"admitted + deferred + shed = submitted: {'yes' if arm.accounted else 'NO'}")
+    r = result.ratios
+    typer.echo("high-priority VR, full gateway / least-queued: " + fmt(r.get("high_vr_full_vs_least_queued"), ".3f")
+               + "; goodput, full gateway / least-queued: " + fmt(r.get("goodput_full_vs_least_queued"), ".3f"))
+

@@ -39,9 +39,9 @@ def _fmt(value: float | None) -> str:
 
 def _plot(hourly: Path, result: dict, path: Path, instance: int | None, test_days: int, decay_lambda: float,
           max_weeks: int | None) -> None:
-    """Forecast vs actual for one scored instance (experiments/plots.py)."""
+    """Forecast vs actual for one scored instance (sloctl/plots.py)."""
     from sloctl.datasets.forecast import backtest_series
-    from sloctl.experiments.plots import plot_forecast
+    from sloctl.plots import plot_forecast
 
     if instance is None:
         if not result["instances"]:

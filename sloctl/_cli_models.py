@@ -202,7 +202,7 @@ def evaluate_predictor_cmd(
         echo(f"warning: {describe_logs(log)}: {mismatch}; these Q-errors are outside its training data")
     result = evaluate_predictor(predictor, frame)
     if plot is not None:
-        from sloctl.experiments.plots import plot_predicted_vs_actual
+        from sloctl.plots import plot_predicted_vs_actual
 
         ok = (frame["status"] == "ok").to_numpy()
         predicted = predictor.predict(frame, neighbours="overlap")[ok]

@@ -119,33 +119,20 @@ def sweep_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Analysis vs simulation over a load sweep for several budgets (DiffTry Fig. 5)."""
-    from sloctl.experiments.retry_sweep import plot_retry_sweep, retry_sweep
+    from sloctl.core.progress import progress as progress_bar
+    from sloctl.simulation.retry_sweep import plot_retry_sweep, retry_sweep
 
     spec = _load(network)
-    try:
-        loads = [float(x) for x in rhos.split(",") if x.strip()]
-    except ValueError:
-        raise typer.BadParameter(f"expected comma-separated loads like 0.5,1,2; got {rhos!r}",
-                                 param_hint="--rho") from None
-    if not loads or any(not (0 < x <= 10) for x in loads):
-        raise typer.BadParameter(f"loads must be in (0, 10]; got {rhos!r}", param_hint="--rho")
+    loads = _parse_loads(rhos)
     ks = [_parse_budget(b, spec.classes, "--k") for b in budgets]
     fixed_classes = tuple(c.strip() for c in fixed.split(",") if c.strip())
     for c in fixed_classes:
         if c not in spec.classes:
             raise typer.BadParameter(f"unknown class {c!r} (classes: {', '.join(spec.classes)})",
                                      param_hint="--fixed")
-
-    from sloctl.core.progress import progress as progress_bar
-
     with progress_bar("retry sweep: points", total=len(loads) * len(ks)) as bar:
         def show(p: dict) -> None:
-            k = ",".join(f"{c}={v}" for c, v in p["k"].items())
-            cells = "  ".join(
-                f"{c}: analysis {p['analysis'][c]:.3f}" + (f" sim {p['simulated'][c]:.3f}" if "simulated" in p
-                                                           else "")
-                for c in p["analysis"])
-            bar.log(f"ρ {p['offered_rho']:.2f}  k=({k})  {cells}")
+            bar.log(_sweep_line(p))
             bar.advance()
 
         result = retry_sweep(spec, loads, ks, fixed=fixed_classes, model=model, seed=seed, duration_s=duration_s,
@@ -159,14 +146,30 @@ def sweep_cmd(
     typer.echo(f"{network.stem}: end-to-end rejection by bottleneck load ({model}"
                f"{'' if no_simulate else ' vs simulation'})")
     for p in result["points"]:  # the result on stdout; the same lines went to stderr as progress
-        k = ",".join(f"{c}={v}" for c, v in p["k"].items())
-        cells = "  ".join(
-            f"{c}: analysis {p['analysis'][c]:.3f}" + (f" sim {p['simulated'][c]:.3f}" if "simulated" in p else "")
-            for c in p["analysis"])
-        typer.echo(f"  ρ {p['offered_rho']:.2f}  k=({k})  {cells}")
+        typer.echo("  " + _sweep_line(p))
     if not no_simulate:
         worst = max(p["max_abs_error"] for p in result["points"])
         typer.echo(f"largest |analysis − simulation| over all points and classes: {worst:.4f}")
+
+
+def _parse_loads(rhos: str) -> list[float]:
+    try:
+        loads = [float(x) for x in rhos.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated loads like 0.5,1,2; got {rhos!r}",
+                                 param_hint="--rho") from None
+    if not loads or any(not (0 < x <= 10) for x in loads):
+        raise typer.BadParameter(f"loads must be in (0, 10]; got {rhos!r}", param_hint="--rho")
+    return loads
+
+
+def _sweep_line(p: dict) -> str:
+    """One point of a sweep: load, budgets, each class's analysed (and simulated) rejection."""
+    k = ",".join(f"{c}={v}" for c, v in p["k"].items())
+    cells = "  ".join(
+        f"{c}: analysis {p['analysis'][c]:.3f}" + (f" sim {p['simulated'][c]:.3f}" if "simulated" in p else "")
+        for c in p["analysis"])
+    return f"ρ {p['offered_rho']:.2f}  k=({k})  {cells}"
 
 
 @retry_app.command("optimise")
@@ -190,32 +193,16 @@ def optimise_cmd(
     config: Path | None = ConfigOption,
 ) -> None:
     """Choose per-class retry budgets with the analysis, confirm them in the simulator, register them."""
-    from sloctl.training.retry_budget import (
-        BudgetSearch,
-        confirm_by_simulation,
-        network_name,
-        optimise_budgets,
-        register_retry_policy,
-        retry_policy_name,
-        zero_budget_note,
-    )
+    from sloctl.core.progress import progress
+    from sloctl.training.retry_budget import BudgetSearch, confirm_by_simulation, optimise_budgets
 
     spec = _load(network)
-    targets: dict[str, float] = {}
-    for item in target:
-        name, _, value = item.partition("=")
-        try:
-            targets[name] = float(value)
-        except ValueError:
-            raise typer.BadParameter(f"expected CLASS=REJECTION like high=0.05, got {item!r}",
-                                     param_hint="--target") from None
+    targets = _parse_targets(target)
     search = BudgetSearch(objective=objective, targets=targets, max_amplification=max_amplification,
                           max_retries=max_retries, per_hop=per_hop, model=model)
     if rho is not None and not 0 < rho <= 100:
         raise typer.BadParameter(f"must be a load in (0, 100] (1 = the bottleneck saturated); got {rho}",
                                  param_hint="--rho")
-    from sloctl.core.progress import progress
-
     with progress("retry optimise: budget vectors", total=None) as bar:
         policy = optimise_budgets(spec, search, load=rho, on_progress=bar.callback())
     if rho is not None:
@@ -226,20 +213,45 @@ def optimise_cmd(
         policy = confirm_by_simulation(policy, seed=seed, duration_s=confirm_s)
     doc = policy.to_doc()
     if register:
-        cfg = load_cli_config(config)
-        net = network_name(network)
-        name = retry_policy_name(net)
-        version = register_retry_policy(policy, tracking_uri=cfg.registry.tracking_uri,
-                                        experiment=cfg.registry.experiment, source=str(network), network=net)
-        doc["registered"] = {"name": name, "version": version, "alias": "champion", "network": net}
-        echo(f"registered {name} v{version} (alias champion) in {cfg.registry.tracking_uri}; "
-             f"sloctl serve serves it at /v1/retry-policy?network={net}")
-        note = zero_budget_note(policy)
-        if note:
-            echo(note)
+        doc["registered"] = _register_retry(policy, network, config)
     if as_json:
         typer.echo(json.dumps(doc))
-        return
+    else:
+        _print_budgets(policy)
+
+
+def _parse_targets(target: list[str]) -> dict[str, float]:
+    targets: dict[str, float] = {}
+    for item in target:
+        name, _, value = item.partition("=")
+        try:
+            targets[name] = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"expected CLASS=REJECTION like high=0.05, got {item!r}",
+                                     param_hint="--target") from None
+    return targets
+
+
+def _register_retry(policy, network: Path, config: Path | None) -> dict:
+    """Register ``policy`` as ``retry-policy-NETWORK`` (alias champion); what the JSON's ``registered`` says."""
+    from sloctl.training.retry_budget import network_name, register_retry_policy, retry_policy_name, zero_budget_note
+
+    cfg = load_cli_config(config)
+    net = network_name(network)
+    name = retry_policy_name(net)
+    version = register_retry_policy(policy, tracking_uri=cfg.registry.tracking_uri,
+                                    experiment=cfg.registry.experiment, source=str(network), network=net)
+    echo(f"registered {name} v{version} (alias champion) in {cfg.registry.tracking_uri}; "
+         f"sloctl serve serves it at /v1/retry-policy?network={net}")
+    note = zero_budget_note(policy)
+    if note:
+        echo(note)
+    return {"name": name, "version": version, "alias": "champion", "network": net}
+
+
+def _print_budgets(policy) -> None:
+    from sloctl.models.retry_timing import sidecar_timing
+
     verdict = "meets the constraints" if policy.feasible else "INFEASIBLE: best effort shown"
     typer.echo(f"best budgets at offered load ρ = {policy.search['offered_rho']:.2f} ({verdict}); amplification "
                f"{policy.amplification:.2f} attempts per call, weighted goodput {policy.score:.2f}/s, "
@@ -253,8 +265,6 @@ def optimise_cmd(
         typer.echo(f"  {klass:<10} k={k_text}  predicted rejection {predicted:.4f}{sim_text}")
         if klass in policy.explanation:
             typer.echo(f"  {'':<10} why k=0: {policy.explanation[klass]}")
-    from sloctl.models.retry_timing import sidecar_timing
-
     timing = sidecar_timing(policy.network, policy.retries)
     typer.echo(f"sidecars: every retry waits U[0, {timing['back_off_base_s']:g} s) (Envoy back-off base = max), "
                f"mean {timing['retry_delay_s']:g} s = the analysis's retry delay ({timing['retry_delay_source']})")

@@ -60,7 +60,7 @@ def sync_cmd(
     import signal
     import threading
 
-    from sloctl.serving.retry_sync import SyncError, run_sync, sync_once
+    from sloctl.serving.runtime.retry_sync import SyncError, run_sync, sync_once
 
     if not interval > 0:
         raise typer.BadParameter(f"must be > 0 seconds; got {interval:g}", param_hint="--interval")
@@ -82,7 +82,7 @@ def sync_cmd(
             raise _sync_error(exc) from None
     if once:
         return
-    logger = logging.getLogger("sloctl.serving.retry_sync")
+    logger = logging.getLogger("sloctl.serving.runtime.retry_sync")
     logger.setLevel(logging.INFO)
     if not any(isinstance(h, _EchoHandler) for h in logger.handlers):
         handler = _EchoHandler()
@@ -115,7 +115,7 @@ def bootstrap_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON on stdout."),
 ) -> None:
     """Write an Envoy bootstrap that reads its routes from --rds-file over RDS (updates need no restart)."""
-    from sloctl.serving.retry_sync import bootstrap_from_rds
+    from sloctl.serving.runtime.retry_sync import bootstrap_from_rds
 
     if not rds_file.is_file():
         raise _fail(f"the --rds-file {str(rds_file)!r} does not exist yet: run `sloctl sidecar sync --once "

@@ -32,7 +32,7 @@ from sloctl._cli_common import (
 from sloctl._cli_errors import SloctlGroup
 from sloctl._cli_experiments import experiment_app
 from sloctl._cli_forecast import forecast_app
-from sloctl._cli_gateway import experiment_gateway_cmd, gateway_cmd, gateway_passwd_cmd
+from sloctl._cli_gateway import gateway_cmd, gateway_passwd_cmd
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
@@ -68,7 +68,6 @@ app.add_typer(forecast_app, name="forecast")
 app.command("predict")(predict_cmd)
 app.command("gateway")(gateway_cmd)
 app.command("gateway-passwd")(gateway_passwd_cmd)
-experiment_app.command("gateway")(experiment_gateway_cmd)
 
 
 def _version(value: bool) -> None:
@@ -148,27 +147,16 @@ def collect_cmd(
     config: Path | None = ConfigOption,
 ) -> None:
     """Run a workload (or several in turn) on DuckDB clusters of the given sizes and write the query log."""
-    import dataclasses
     import json
 
     import numpy as np
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from sloctl.datasets.collect import collect
-    from sloctl.datasets.querylog import write_log
     from sloctl.datasets.tpc import ensure_database, load_templates
     from sloctl.datasets.workloads import build_workload
 
     cfg = load_cli_config(config)
     out_mode = check_out(out, "log", force)
-    overrides = {k: v for k, v in {"rate_per_s": rate, "copies": copies, "seed": seed}.items() if v is not None}
-    kinds = [kind.strip() for kind in workload.split(",")] if workload is not None else [cfg.workload.kind]
-    for kind in kinds:
-        if kind not in ("base", "phased", "isolated", "contour"):
-            raise typer.BadParameter(f"expected base, phased, isolated or contour (several: comma-separated); "
-                                     f"got {kind!r}", param_hint="--workload")
-    wcfgs = [dataclasses.replace(cfg.workload, **overrides, kind=kind) for kind in kinds]
+    wcfgs = _workload_configs(cfg, workload, {"rate_per_s": rate, "copies": copies, "seed": seed})
     bench = benchmark or cfg.collect.benchmark
     scale = sf if sf is not None else cfg.collect.scale_factor
     size_list = parse_sizes(sizes) if sizes else cfg.collect.sizes
@@ -178,6 +166,45 @@ def collect_cmd(
     for wl in workloads:
         echo(f"Workload {wl.name}: {len(wl)} queries from {len(chosen)} templates "
              f"over {wl.duration_s:.1f} s, on sizes {list(size_list)}.")
+    results = _run_workloads(db, workloads, size_list, cfg, timeout_s=timeout_s, warmup_s=warmup_s,
+                             allow_oversubscribe=allow_oversubscribe)
+    run_meta = {"benchmark": bench, "scale_factor": scale, "sizes": ",".join(map(str, size_list)),
+                "size_unit_cores": str(cfg.warehouse.size_unit_cores),
+                "reserved_cores": str(cfg.warehouse.reserved_cores), **results[0].metadata()}
+    log = _write_collected(results, workloads, out, run_meta)
+    status = log["status"].value_counts().to_dict()
+    lags = np.asarray([lag for result in results for lag in result.dispatch_lag_s]) * 1000
+    keep_mode(out, out_mode)
+    lag_ms = {"p50": float(np.percentile(lags, 50)), "p99": float(np.percentile(lags, 99))} if len(lags) else None
+    if as_json:
+        typer.echo(json.dumps({"out": str(out), "rows": len(log), "status": {str(k): int(v) for k, v in status.items()},
+                               "dispatch_lag_ms": lag_ms}))
+        return
+    lag_text = f"; dispatch lag p50 {lag_ms['p50']:.2f} ms, p99 {lag_ms['p99']:.2f} ms" if lag_ms else ""
+    typer.echo(f"Wrote {len(log)} rows to {out} (status {status}){lag_text}.")
+
+
+def _workload_configs(cfg, workload: str | None, overrides: dict) -> list:
+    """One workload config per ``--workload`` kind, with the given overrides (``None``: the config's)."""
+    import dataclasses
+
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    kinds = [kind.strip() for kind in workload.split(",")] if workload is not None else [cfg.workload.kind]
+    for kind in kinds:
+        if kind not in ("base", "phased", "isolated", "contour"):
+            raise typer.BadParameter(f"expected base, phased, isolated or contour (several: comma-separated); "
+                                     f"got {kind!r}", param_hint="--workload")
+    return [dataclasses.replace(cfg.workload, **overrides, kind=kind) for kind in kinds]
+
+
+def _run_workloads(db, workloads: list, size_list, cfg, *, timeout_s: float | None, warmup_s: float | None,
+                   allow_oversubscribe: bool) -> list:
+    """Each workload on clusters of ``size_list``, in turn, with one progress bar per cluster."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from sloctl.datasets.collect import collect
+
     results = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                   TimeElapsedColumn(), transient=False, console=Console(stderr=True)) as progress:
@@ -197,9 +224,13 @@ def collect_cmd(
                 allow_oversubscribe=allow_oversubscribe or cfg.warehouse.allow_oversubscribe,
                 on_progress=on_progress, log=progress.console.print,
                 pool_options=cfg.warehouse.pool_options()))
-    run_meta = {"benchmark": bench, "scale_factor": scale, "sizes": ",".join(map(str, size_list)),
-                "size_unit_cores": str(cfg.warehouse.size_unit_cores),
-                "reserved_cores": str(cfg.warehouse.reserved_cores), **results[0].metadata()}
+    return results
+
+
+def _write_collected(results: list, workloads: list, out: Path, run_meta: dict):
+    """Write the collected log (several workloads: merged) with its metadata; returns it."""
+    from sloctl.datasets.querylog import write_log
+
     if len(workloads) == 1:
         log, wl = results[0].log, workloads[0]
         write_log(log, out, metadata={**run_meta, "workload": wl.name, "workload_params": wl.params,
@@ -207,16 +238,7 @@ def collect_cmd(
     else:
         log, metadata = _merge_workloads(results, workloads, run_meta)
         write_log(log, out, metadata=metadata)
-    status = log["status"].value_counts().to_dict()
-    lags = np.asarray([lag for result in results for lag in result.dispatch_lag_s]) * 1000
-    keep_mode(out, out_mode)
-    lag_ms = {"p50": float(np.percentile(lags, 50)), "p99": float(np.percentile(lags, 99))} if len(lags) else None
-    if as_json:
-        typer.echo(json.dumps({"out": str(out), "rows": len(log), "status": {str(k): int(v) for k, v in status.items()},
-                               "dispatch_lag_ms": lag_ms}))
-        return
-    lag_text = f"; dispatch lag p50 {lag_ms['p50']:.2f} ms, p99 {lag_ms['p99']:.2f} ms" if lag_ms else ""
-    typer.echo(f"Wrote {len(log)} rows to {out} (status {status}){lag_text}.")
+    return log
 
 
 def _merge_workloads(results, workloads, run_meta: dict) -> tuple:
@@ -501,9 +523,9 @@ def _serve_briefly(cfg, log_path: Path, as_json: bool = False) -> dict:
     import tempfile
 
     from sloctl.datasets.querylog import read_log
-    from sloctl.serving.app import create_app
+    from sloctl.serving.controller import load_templates_table
     from sloctl.serving.local import LocalServer, replay_log
-    from sloctl.serving.runtime import load_templates_table
+    from sloctl.serving.runtime.app import create_app
 
     echo("Starting `sloctl serve` briefly and routing the demo workload through it ...")
     token = secrets.token_hex(8)
@@ -526,7 +548,7 @@ def _simulated_day(cfg, log_path: Path, as_json: bool = False) -> dict:
 
     from sloctl._cli_common import load_cli_model
     from sloctl.datasets.querylog import read_log
-    from sloctl.experiments.day import plot_day, simulated_day
+    from sloctl.simulation.day import plot_day, simulated_day
 
     echo("Simulating a compressed day: round-robin on two clusters vs Queue@N vs AutoSLO autoscaling ...")
     predictor = load_cli_model("models:/iconq@champion", cfg)
@@ -561,8 +583,7 @@ def serve_cmd(
     import dataclasses
     import os
 
-    from sloctl.serving.app import create_app
-    from sloctl.serving.runtime import load_templates_table
+    from sloctl.serving.runtime.server import run_runtime
 
     cfg = load_cli_config(config)
     if state_url is not None:
@@ -581,34 +602,7 @@ def serve_cmd(
         raise typer.BadParameter(f"must be in 1..65535; got {port}", param_hint="--port")
     host = host or cfg.serve.host
     sock = bind_port(host, port)  # before anything is loaded or announced: a taken port is exit 2, one line
-    log_path = templates_log or cfg.serve.templates_log
-    templates = load_templates_table(log_path)
-    if templates is None:
-        echo("no templates_log: the runtime routes with the template table inside the model bundle (models "
-             "trained by this sloctl carry one); a model without one routes round-robin until one is configured")
-    else:
-        from sloctl.registry.store import log_mismatch
-
-        for uri in (cfg.serve.model_uri, cfg.serve.fallback_uri):  # provenance: say when the log is not the model's
-            why = log_mismatch(uri, log_path, tracking_uri=cfg.registry.tracking_uri)
-            if why:
-                echo(f"warning: {uri}: {why} (templates log {log_path})")
-    where = cfg.serve.state_db
-    if cfg.state.url and not cfg.state.url.startswith("sqlite:///"):
-        from sloctl.serving.state_redis import connect_redis
-
-        connect_redis(cfg.state.url).close()  # unreachable: one error line and exit 2, before the app starts
-        where = f"{cfg.state.url}, keys {cfg.state.key_prefix}:*, shared with other replicas"
-    elif cfg.state.url:
-        where = cfg.state.url.removeprefix("sqlite:///")
-    app_ = create_app(cfg, token=token or None, templates=templates)
-    echo(f"sloctl serve on http://{host}:{sock.getsockname()[1]} (state in {where})")
-    from sloctl.serving.local import guarded_server
-
-    # head and body deadlines, per-client and total connection caps, keep-alive and header limits of the serve:
-    # section (docs/serving.md, "The front door")
-    server = guarded_server(app_, cfg.serve, host=host, port=port)
-    server.run(sockets=[sock])
+    run_runtime(cfg, token=token or None, sock=sock, host=host, port=port, templates_log=templates_log, say=echo)
 
 
 @app.command("run-live")
@@ -651,7 +645,7 @@ def run_live_cmd(
                                           seed=seed, autoscale=autoscale, warmup_s=warmup_s,
                                           on_progress=bar.callback())
     if plot is not None:
-        from sloctl.experiments.plots import plot_placements
+        from sloctl.plots import plot_placements
 
         written = plot_placements(result["placements"], plot, events=result["events"],
                                   title=f"run-live through {url}")

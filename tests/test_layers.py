@@ -37,7 +37,7 @@ def test_the_repository_keeps_its_layers_with_no_exceptions(layers):
     "from sloctl.training.pipeline import train_iconq\n",
     "def f():\n    from sloctl.training import pipeline\n",
     "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from sloctl.serving.runtime import Runtime\n",
-    "import sloctl.experiments.day\n",
+    "import sloctl.simulation.day\n",
     "from sloctl import serving\n",
 ])
 def test_an_upward_import_is_reported_wherever_it_is_written(layers, tmp_path, body):
@@ -67,3 +67,14 @@ def test_core_may_import_nothing_of_sloctl(layers, tmp_path):
     root = _tree(tmp_path, {"core/errors.py": "from sloctl.datasets.querylog import read_log\n"})
     violations, _ = layers.scan(root)
     assert len(violations) == 1
+
+
+def test_the_two_front_doors_never_import_each_other(layers, tmp_path):
+    root = _tree(tmp_path, {
+        "serving/gateway/gateway.py": "from sloctl.serving.runtime.runtime import Runtime\n"
+                                      "from sloctl.serving.controller import Controller\n",
+        "serving/runtime/app.py": "def f():\n    import sloctl.serving.gateway.trino\n",
+        "serving/controller.py": "from sloctl.control.router import Query\n"})
+    violations, _ = layers.scan(root)
+    assert len(violations) == 2
+    assert {v.split(":")[0] for v in violations} == {"serving/gateway/gateway.py", "serving/runtime/app.py"}

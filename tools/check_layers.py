@@ -3,7 +3,8 @@
 Reads every ``import`` in the library, including those inside functions, and
 maps each module onto its layer by its top-level folder. A module may import
 its own layer or a layer below it; two layers on the same level (``models`` and
-``control``; ``serving`` and ``training``) never import each other. Exit 1 and
+``control``; ``serving`` and ``training``) never import each other, nor do
+the two front doors (``serving/runtime/`` and ``serving/gateway/``). Exit 1 and
 one line per offending import when a rule is broken; ``--graph`` prints the
 folder-to-folder edges that exist today.
 
@@ -34,6 +35,13 @@ DATA_PACKAGES = {"configs"}
 # Imports allowed against the rules, as (importing module, imported module); each step of the
 # layering work removes some. Goal: empty.
 EXCEPTIONS: set[tuple[str, str]] = set()
+# Packages inside one layer that must not import each other: the two front doors over
+# `sloctl.serving.controller` (docs/architecture.md).
+APART: list[tuple[str, ...]] = [("sloctl.serving.runtime", "sloctl.serving.gateway")]
+
+
+def _package_of(module: str, group: tuple[str, ...]) -> str | None:
+    return next((p for p in group if module == p or module.startswith(p + ".")), None)
 
 
 def _folder_of(module: str) -> str | None:
@@ -87,6 +95,11 @@ def scan(root: Path) -> tuple[list[str], dict[tuple[str, str], int]]:
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
             for lineno, target in _imports(tree, module, path.name == "__init__.py"):
                 dst_folder = _folder_of(target)
+                for group in APART:
+                    mine, theirs = _package_of(module, group), _package_of(target, group)
+                    if mine and theirs and mine != theirs:
+                        violations.append(f"{path.relative_to(root)}:{lineno}: {mine} imports {target}: "
+                                          f"{' and '.join(group)} never import each other")
                 if dst_folder is None or dst_folder == src_folder:
                     continue
                 edges[(src_folder, dst_folder)] += 1

@@ -98,7 +98,7 @@ def run(work: Path, out: Path, names: list[str]) -> None:
     # the simulated day of `make demo` (no CLI of its own), on the shared contour wherever the code lives
     import pandas as pd
 
-    simulated_day = _first("sloctl.experiments.day.simulated_day", "sloctl.simulation.day.simulated_day")
+    simulated_day = _first("sloctl.simulation.day.simulated_day", "sloctl.experiments.day.simulated_day")
     load_predictor = _first("sloctl.registry.bundles.load_predictor", "sloctl.training.artifacts.load_predictor")
     day = simulated_day(pd.read_parquet(log), load_predictor(work / "model"), hours=6, seed=0,
                         contour_file=str(HOURLY))

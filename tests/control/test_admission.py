@@ -21,7 +21,7 @@ from sloctl.control.admission_baselines import ProtegoPolicy, SedaPolicy, Single
 from sloctl.control.aqm import BottleneckAQM, DelayBudget
 from sloctl.control.credits import ClassShare, CreditController
 from sloctl.control.msemaphore import EpsilonGreedyTuner
-from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore, MSemaphoreDropped
+from sloctl.serving.runtime.admission import AdmissionMiddleware, AsyncMSemaphore, MSemaphoreDropped
 from sloctl.simulation.server_sim import (
     Request,
     RequestType,

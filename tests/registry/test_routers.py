@@ -120,7 +120,7 @@ def test_runtime_and_cli_build_the_same_router_from_the_same_model(trained, sim_
     register(trained, sim_log, name="iconq", tracking_uri=uri, experiment="t")
     run_cfg = dataclasses.replace(cfg, registry=dataclasses.replace(cfg.registry, tracking_uri=uri),
                                   serve=dataclasses.replace(cfg.serve, state_db=str(tmp_path / "state.db")))
-    runtime = Runtime(run_cfg, None, run_cfg.serve.state_db)  # `sloctl serve` without --templates-log
+    runtime = Runtime(run_cfg, None, run_cfg.serve.state_db).start()  # `sloctl serve` without --templates-log
     try:
         assert runtime.router_kind == "iconq" and isinstance(runtime.router, IconqRouter)
         cli = cli_router(run_cfg, load_model(run_cfg.serve.model_uri, tracking_uri=uri), sim_log)

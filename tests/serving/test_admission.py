@@ -9,7 +9,7 @@ import pytest
 
 from sloctl.control.aqm import DelayBudget
 from sloctl.control.credits import ClassShare, CreditController
-from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore, MSemaphoreDropped
+from sloctl.serving.runtime.admission import AdmissionMiddleware, AsyncMSemaphore, MSemaphoreDropped
 
 
 def _app(gate: asyncio.Event | None = None):

@@ -26,7 +26,7 @@ SERVER = textwrap.dedent("""
     import dataclasses, sys
     import uvicorn
     from sloctl.config import load_config
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
     from sloctl.serving.local import server_options
 
     registry, state, port, token = sys.argv[1:5]

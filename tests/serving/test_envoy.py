@@ -17,7 +17,7 @@ import pytest
 from sloctl.control.policies import RetryPolicy
 from sloctl.models.retry_network import load_network
 from sloctl.models.retry_timing import sidecar_timing
-from sloctl.serving.envoy import (
+from sloctl.serving.runtime.envoy import (
     ROUTE_CONFIG_TYPE,
     envoy_bootstrap,
     envoy_route_config,

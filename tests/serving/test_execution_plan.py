@@ -15,8 +15,9 @@ from sloctl.config import load_config
 from sloctl.control.autoscaler import AutoscalerConfig, SizingOutcome
 from sloctl.control.policies import ExecutionPlan
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup, ScheduledSpinups
-from sloctl.serving.execution import check_plan_settings, plan_day_start, spinup_offset_s
-from sloctl.serving.runtime import ModelSlot, Runtime
+from sloctl.serving.controller import ModelSlot
+from sloctl.serving.runtime import Runtime
+from sloctl.serving.runtime.execution import check_plan_settings, plan_day_start, spinup_offset_s
 
 TOKEN = "s3cret-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -82,7 +83,7 @@ def _plan(spinups=(), *, start=(1,), knobs=None, target=DAY, **extra) -> Executi
 
 def _runtime(tmp_path, clock, **serve) -> Runtime:
     cfg = _cfg(tmp_path, **serve)
-    return Runtime(cfg, None, cfg.serve.state_db, clock=clock)
+    return Runtime(cfg, None, cfg.serve.state_db, clock=clock).start()
 
 
 def _ready(rt: Runtime) -> dict[str, int]:
@@ -266,8 +267,8 @@ def test_bad_or_absent_configs_leave_the_runtime_serving_as_before(tmp_path, reg
 
 
 def test_the_endpoints_show_the_plan_in_force_its_next_spinup_and_what_it_enacted(tmp_path, registry, wait_until):
-    from sloctl.serving.app import create_app
     from sloctl.serving.local import LocalServer
+    from sloctl.serving.runtime.app import create_app
 
     clock = FakeClock(MIDNIGHT + 0.5 * HOUR)
     cfg = _cfg(tmp_path)
@@ -310,7 +311,8 @@ def test_route_calls_drive_the_reactive_autoscaler_through_the_background_sizer(
     monkeypatch.setattr(Autoscaler, "sizing_job", lambda self, now_s, clusters: lambda: SizingOutcome(2, {}))
     clock = FakeClock(MIDNIGHT)
     cfg = _cfg(tmp_path)
-    rt = Runtime(cfg, sim_log.drop_duplicates("template").reset_index(drop=True), cfg.serve.state_db, clock=clock)
+    table = sim_log.drop_duplicates("template").reset_index(drop=True)
+    rt = Runtime(cfg, table, cfg.serve.state_db, clock=clock).start()
     assert rt.router_kind == "stage" and "size selector" in rt.execution_view()["in_force"]["reactive"]
     template = str(sim_log["template"].iloc[0])
     for qid in range(4):  # every query predicted to miss a 1 ms SLO: the spin-up trigger fires (Algorithm 2)

@@ -17,8 +17,8 @@ LONG_SQL = "SELECT count(*) FROM range(5000000000) t(i) WHERE i % 7 = 3"
 @pytest.fixture(scope="module")
 def served(tpch_db, tmp_path_factory):
     """A gateway on two size-1 DuckDB clusters (no model: least-queued placement), served on loopback."""
-    from sloctl.serving._gateway_app import create_gateway_app
     from sloctl.serving.gateway import Gateway, GatewayOptions
+    from sloctl.serving.gateway.app import create_gateway_app
     from sloctl.serving.local import LocalServer
 
     log_dir = tmp_path_factory.mktemp("gateway-logs")

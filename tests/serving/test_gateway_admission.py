@@ -30,7 +30,7 @@ def stage(sim_log):
 
 
 def _policy(**low):
-    from sloctl.serving._gateway_policy import GatewayPolicy
+    from sloctl.serving.gateway.policy import GatewayPolicy
 
     return GatewayPolicy.from_doc({"classes": {
         "high": {"priority": 2, "share": 2, "defer": False, "queue_limit": 0, "retries": 2},
@@ -50,7 +50,7 @@ def _served(tpch_db, stage, sim_log, **options):
 
 @pytest.fixture(scope="module")
 def served(tpch_db, stage, sim_log):
-    from sloctl.serving._gateway_app import create_gateway_app
+    from sloctl.serving.gateway.app import create_gateway_app
     from sloctl.serving.local import LocalServer
 
     gateway = _served(tpch_db, stage, sim_log).start()
@@ -131,7 +131,7 @@ def test_a_deferred_query_is_placed_once_a_cluster_is_predicted_to_meet_it(serve
 
 def test_a_query_on_a_cluster_stopped_mid_run_is_retried_elsewhere_and_the_client_gets_its_rows(
         tpch_db, stage, sim_log):
-    from sloctl.serving._gateway_app import create_gateway_app
+    from sloctl.serving.gateway.app import create_gateway_app
     from sloctl.serving.local import LocalServer
 
     with _served(tpch_db, stage, sim_log, router="least-queued") as gateway, \
@@ -164,7 +164,7 @@ def test_a_query_on_a_cluster_stopped_mid_run_is_retried_elsewhere_and_the_clien
 def test_timeouts_are_retried_on_another_cluster_up_to_the_class_limit(tpch_db, stage, sim_log):
     import trino
 
-    from sloctl.serving._gateway_app import create_gateway_app
+    from sloctl.serving.gateway.app import create_gateway_app
     from sloctl.serving.local import LocalServer
 
     policy = _policy(attempt_timeout_s=0.1, retries=1)
@@ -189,7 +189,7 @@ def test_timeouts_are_retried_on_another_cluster_up_to_the_class_limit(tpch_db, 
 
 def test_policy_documents_are_checked_and_registered_policies_override_them(tmp_path):
     from sloctl.control.credits import ClassShare
-    from sloctl.serving._gateway_policy import GatewayPolicy, load_gateway_policy
+    from sloctl.serving.gateway.policy import GatewayPolicy, load_gateway_policy
 
     with pytest.raises(ValueError, match="'classes.low.queue_limit'"):
         GatewayPolicy.from_doc({"classes": {"low": {"queue_limit": -1}}})
@@ -236,8 +236,8 @@ class _RecordingAutoscaler:
 def test_forced_placements_reach_the_autoscaler_and_its_spin_ups_start_real_clusters(tpch_db, stage, sim_log,
                                                                                        wait_until):
     from sloctl.datasets.querylog import template_table
-    from sloctl.serving._gateway_app import create_gateway_app
     from sloctl.serving.gateway import Gateway, GatewayOptions
+    from sloctl.serving.gateway.app import create_gateway_app
     from sloctl.serving.local import LocalServer
 
     scaler = _RecordingAutoscaler()
@@ -260,8 +260,8 @@ def test_with_iconq_the_router_and_admission_use_its_concurrency_aware_predictio
     import trino
 
     from sloctl.datasets.querylog import template_table
-    from sloctl.serving._gateway_app import create_gateway_app
     from sloctl.serving.gateway import Gateway, GatewayOptions
+    from sloctl.serving.gateway.app import create_gateway_app
     from sloctl.serving.local import LocalServer
 
     iconq = trained_models["iconq"].predictor
@@ -288,7 +288,7 @@ def test_the_retry_limits_come_from_sloctl_retry_optimise_on_the_gateway_network
     from pathlib import Path
 
     from sloctl.models.retry_network import load_network
-    from sloctl.serving._gateway_policy import GatewayPolicy
+    from sloctl.serving.gateway.policy import GatewayPolicy
     from sloctl.training.retry_budget import BudgetSearch, optimise_budgets
 
     network = load_network(Path(__file__).resolve().parents[2] / "configs" / "networks" / "gateway.yaml")

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from fastapi import Depends, FastAPI, HTTPException, Request  # module level: the routes' annotations are strings
 
-from sloctl.serving._gateway_auth import (
+from sloctl.serving.gateway.auth import (
     AuthError,
     GatewayAuth,
     JwtVerifier,
@@ -118,7 +118,7 @@ def test_removed_user_is_refused_after_reload(pw_path):
     ("bob:999:abcd:abcd", "iterations must be >= 1000, got 999"),
     ("bob:1000:zz:abcd", "hex"),
     ("alice:" + hash_password("x", ROUNDS), "duplicate user 'alice'"),
-])
+], ids=["no-hash", "no-user", "plaintext", "low-cost", "short-bcrypt", "few-iterations", "bad-hex", "duplicate"])
 def test_bad_line_is_an_error_naming_its_number(pw_path, line, reason):
     pw_path.write_text(pw_path.read_text() + "\n" + line + "\n")  # line 4: a blank line 3 is skipped
     with pytest.raises(ValueError, match="Line 4 of the password file") as e:

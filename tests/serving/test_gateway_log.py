@@ -10,7 +10,7 @@ import pytest
 from sloctl.core.errors import QueryLogError
 from sloctl.datasets.plan_features import ENGINE_PLAN_FEATURES, PLAN_FEATURES, sql_hash
 from sloctl.datasets.sql_features import CATALOG_FEATURES
-from sloctl.serving._gateway_log import MANIFEST_NAME, AttemptLog, file_sha256, read_manifest
+from sloctl.serving.gateway.log import MANIFEST_NAME, AttemptLog, file_sha256, read_manifest
 
 HOSTILE = "SELECT 1 AS a; SELECT count(*) FROM lineitem a, lineitem b"
 

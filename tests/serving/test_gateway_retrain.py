@@ -36,8 +36,8 @@ def test_a_model_trained_on_the_gateway_log_is_registered_and_hot_swapped_in(tpc
     from sloctl.config import load_config
     from sloctl.datasets.querylog import read_metadata
     from sloctl.registry.store import register
-    from sloctl.serving._gateway_app import create_gateway_app
     from sloctl.serving.gateway import Gateway, GatewayOptions
+    from sloctl.serving.gateway.app import create_gateway_app
     from sloctl.serving.local import LocalServer
     from sloctl.training.pipeline import train_stage
 

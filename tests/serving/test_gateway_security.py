@@ -60,9 +60,9 @@ def _sha256(path) -> str:
 @pytest.fixture(scope="module")
 def hostile(tpch_db, tmp_path_factory):
     """A gateway with short limits (run time 4 s, client timeout 3 s, 256 MB per worker), served on loopback."""
-    from sloctl.serving._gateway_app import create_gateway_app
-    from sloctl.serving._gateway_policy import GatewayPolicy
     from sloctl.serving.gateway import Gateway, GatewayOptions
+    from sloctl.serving.gateway.app import create_gateway_app
+    from sloctl.serving.gateway.policy import GatewayPolicy
     from sloctl.serving.local import LocalServer
 
     log_dir = tmp_path_factory.mktemp("gateway-logs")
@@ -326,7 +326,7 @@ def test_sloctl_gateway_over_tls_with_passwords_drains_on_sigterm(tpch_db, tmp_p
     import trino
 
     from sloctl.datasets.querylog import read_log
-    from sloctl.serving._gateway_auth import self_signed_cert, set_password
+    from sloctl.serving.gateway.auth import self_signed_cert, set_password
     from sloctl.serving.local import free_port
 
     cert, key = self_signed_cert(tmp_path)

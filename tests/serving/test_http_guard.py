@@ -252,7 +252,7 @@ def test_runtime_serves_authenticated_requests_while_a_stranger_holds_slow_heads
                                                                                  sim_log):
     """The controller runtime behind server_options: a stranger's slow heads are capped and cut; /v1/admit is 200."""
     from sloctl.config import load_config
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
 
     token = "guard-token-0123456789abcdef"
     base = load_config()

@@ -151,7 +151,7 @@ async def _burst(url: str, template: str, n: int, first_qid: int, seed: int, wor
 
 
 def _two_bursts(tmp_path, sim_log, registry_uri: str, n: int) -> None:
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
 
     cfg = _cfg(tmp_path, registry_uri)
     templates = sim_log.drop_duplicates("template").reset_index(drop=True)

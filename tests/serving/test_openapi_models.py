@@ -14,7 +14,7 @@ HOTEL = Path(__file__).resolve().parents[2] / "configs" / "networks" / "hotel.ya
 
 
 def _spec(tmp_path) -> dict:
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
 
     base = load_config()
     cfg = dataclasses.replace(
@@ -48,8 +48,8 @@ def test_the_models_pass_served_documents_through_unchanged():
     from sloctl.control.policies import ExecutionPlan
     from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup
     from sloctl.models.retry_network import load_network
-    from sloctl.serving.app import EnvoyRouteConfigOut, ExecutionConfigOut
-    from sloctl.serving.envoy import envoy_route_config
+    from sloctl.serving.runtime.app import EnvoyRouteConfigOut, ExecutionConfigOut
+    from sloctl.serving.runtime.envoy import envoy_route_config
 
     network = load_network(HOTEL).to_mapping()
     services = list(network["services"])

@@ -37,7 +37,7 @@ def _cfg(tmp_path, registry_uri: str, **serve):
 
 
 def _server(tmp_path, sim_log, registry_uri, **serve):
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
 
     cfg = _cfg(tmp_path, registry_uri, **serve)
     templates = sim_log.drop_duplicates("template").reset_index(drop=True)
@@ -175,7 +175,7 @@ def test_unknown_paths_share_one_metric_label(client):
 
 def test_work_that_frees_resources_is_never_shed(tmp_path, sim_log, registry_uri, template):
     """With the self-protection pool exhausted, new work gets 503 but complete and release still go through."""
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
 
     cfg = _cfg(tmp_path, registry_uri, max_in_flight=4)
     app = create_app(cfg, token=TOKEN, templates=sim_log.drop_duplicates("template").reset_index(drop=True))
@@ -215,8 +215,8 @@ def test_openapi_documents_bearer_auth_errors_and_typed_responses(client):
 
 
 def test_tokens_must_be_long_and_compared_in_constant_time(client, tmp_path, registry_uri):
-    from sloctl.serving.app import create_app
     from sloctl.serving.front import check_token
+    from sloctl.serving.runtime.app import create_app
 
     for bad in ("x", " " * 20, "short-token", f" {TOKEN}"):
         with pytest.raises(ValueError, match="at least 16 characters"):

@@ -21,7 +21,7 @@ def _policy(initial: int) -> AdmissionPolicy:
 def test_load_errors_clear_failures_count_and_a_replaced_file_is_reopened(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    import sloctl.serving.runtime as runtime
+    import sloctl.serving.controller as runtime
     from sloctl.registry.store import register_policy
 
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns

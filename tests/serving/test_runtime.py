@@ -8,8 +8,8 @@ import time
 import pytest
 
 from sloctl.config import load_config
+from sloctl.serving.controller import load_templates_table
 from sloctl.serving.local import LocalServer
-from sloctl.serving.runtime import load_templates_table
 
 TOKEN = "s3cret-token-0123456789"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -37,7 +37,7 @@ def _wait(predicate, timeout_s: float = 20.0) -> None:
 
 def test_runtime_serves_every_endpoint_swaps_models_and_survives_a_restart(registry, sim_log, tmp_path):
     from sloctl.registry.store import register
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cfg = _cfg(uri, str(tmp_path / "state.db"))
@@ -113,7 +113,7 @@ def test_runtime_serves_every_endpoint_swaps_models_and_survives_a_restart(regis
 
 def test_retry_policy_is_served_as_json_and_as_envoy_routes(tmp_path):
     from sloctl.models.retry_network import load_network
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
     from sloctl.training.retry_budget import BudgetSearch, optimise_budgets, register_retry_policy
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -153,7 +153,7 @@ def test_load_templates_table_reads_a_log(tmp_path, sim_log):
 
 
 def test_clusters_can_be_added_and_retired_and_keep_their_cost(tmp_path):
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
 
     cfg = _cfg(f"sqlite:///{tmp_path / 'mlflow.db'}", str(tmp_path / "state.db"))
     with LocalServer(create_app(cfg, token=TOKEN)) as client:
@@ -178,8 +178,8 @@ def test_a_version_that_fails_to_load_keeps_the_last_good_model(registry, sim_lo
     from mlflow import MlflowClient
 
     import sloctl.registry.store as reg
-    import sloctl.serving.runtime as runtime_module
-    from sloctl.serving.runtime import ModelSlot
+    import sloctl.serving.controller as controller_module
+    from sloctl.serving.controller import ModelSlot
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     reg.register(registry["stage"], sim_log, name="stage", tracking_uri=uri, experiment="t")
@@ -194,9 +194,9 @@ def test_a_version_that_fails_to_load_keeps_the_last_good_model(registry, sim_lo
             raise OSError("artifact store unreachable")
         return real(model_uri, **kwargs)
 
-    monkeypatch.setattr(runtime_module, "load_model", broken)  # where the runtime looks it up
+    monkeypatch.setattr(controller_module, "load_model", broken)  # where a slot looks it up
     assert not slot.refresh()
     assert slot.version == "1" and slot.value is not None
     assert "version 2 failed to load" in slot.error and "serving version 1" in slot.error
-    monkeypatch.setattr(runtime_module, "load_model", real)
+    monkeypatch.setattr(controller_module, "load_model", real)
     assert slot.refresh() and slot.version == "2" and slot.error is None

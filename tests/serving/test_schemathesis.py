@@ -29,7 +29,7 @@ def base_url(tmp_path_factory, sim_log):
     """The runtime under uvicorn in a thread; stopped after the module."""
     import uvicorn
 
-    from sloctl.serving.app import create_app
+    from sloctl.serving.runtime.app import create_app
 
     folder = tmp_path_factory.mktemp("schemathesis")
     base = load_config()

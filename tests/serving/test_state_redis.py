@@ -48,8 +48,8 @@ def cfg(redis_server, registry, request):
 
 
 def _pair(cfg, clock=None):
-    a = Runtime(cfg, None, "unused.db", clock=clock or FakeClock())
-    b = Runtime(cfg, None, "unused.db", clock=clock or FakeClock())
+    a = Runtime(cfg, None, "unused.db", clock=clock or FakeClock()).start()
+    b = Runtime(cfg, None, "unused.db", clock=clock or FakeClock()).start()
     return a, b
 
 
@@ -172,13 +172,13 @@ def test_an_unreachable_redis_is_a_clear_error(registry):
     cfg = dataclasses.replace(base, registry=dataclasses.replace(base.registry, tracking_uri=registry),
                               state=StateSection(url="redis://127.0.0.1:1/0"))
     with pytest.raises(ValueError, match="state.url"):
-        Runtime(cfg, None, "unused.db")
+        Runtime(cfg, None, "unused.db").start()
 
 
 def test_sqlite_route_and_complete_are_idempotent_too(tmp_path, registry):
     base = load_config()
     cfg = dataclasses.replace(base, registry=dataclasses.replace(base.registry, tracking_uri=registry))
-    rt = Runtime(cfg, None, str(tmp_path / "state.db"))
+    rt = Runtime(cfg, None, str(tmp_path / "state.db")).start()
     first = rt.route(7, "t00", 5.0)
     assert rt.route(7, "t00", 5.0) == first
     done = rt.complete(7, 0.2, "ok")
@@ -187,7 +187,7 @@ def test_sqlite_route_and_complete_are_idempotent_too(tmp_path, registry):
         rt.route(7, "t01", 5.0)
     assert other.value.status == 409
     rt.close()
-    again = Runtime(cfg, None, str(tmp_path / "state.db"))  # answers survive a restart
+    again = Runtime(cfg, None, str(tmp_path / "state.db")).start()  # answers survive a restart
     assert again.complete(7, 0.2, "ok") == done
     again.close()
 

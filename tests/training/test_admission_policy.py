@@ -10,7 +10,7 @@ WORKLOAD = "configs/admission_workload.yaml"
 
 
 def test_tuned_policy_registers_and_configures_the_middleware(tmp_path):
-    from sloctl.serving.admission import AdmissionMiddleware, AsyncMSemaphore
+    from sloctl.serving.runtime.admission import AdmissionMiddleware, AsyncMSemaphore
 
     policy = tune_admission(load_workload(WORKLOAD), trials=2, duration_s=0.02, seed=1)
     assert policy.kind == "admission-policy"

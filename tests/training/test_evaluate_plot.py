@@ -27,7 +27,7 @@ def stage_bundle(tmp_path_factory, sim_log):
 
 @pytest.mark.slow  # trains a Stage model (about 10-20 s on 2 cores)
 def test_evaluate_plot_writes_predicted_vs_actual_and_keeps_json_on_stdout(stage_bundle, monkeypatch):
-    import sloctl.experiments.plots as plots
+    import sloctl.plots as plots
     from sloctl.cli import app
 
     figures = []

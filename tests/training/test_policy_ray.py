@@ -50,7 +50,7 @@ def test_tune_policy_on_ray_gives_the_process_pool_execution_config(inputs, ray_
 
 
 def test_tune_policy_ray_option_takes_an_address(inputs, monkeypatch):
-    import sloctl._cli_policy as cli_policy
+    import sloctl.training.day_plan as day_plan
 
     seen = []
 
@@ -59,7 +59,7 @@ def test_tune_policy_ray_option_takes_an_address(inputs, monkeypatch):
         on_progress(1, 1)
         return {"x": 1}
 
-    monkeypatch.setattr(cli_policy, "tune_policy_run", fake_run)
+    monkeypatch.setattr(day_plan, "tune_execution_plan", fake_run)
     for extra, expected in ((["--ray", "ray://head:10001"], "ray://head:10001"), (["--ray"], "local"), ([], None)):
         _tune(inputs, *extra)
         assert seen[-1] == expected

@@ -117,19 +117,19 @@ def test_bad_strategy_and_budget_raise_config_error():
 
 
 def test_tune_policy_registers_an_execution_config_that_loads_back(tmp_path, sim_log):
-    from sloctl._cli_policy import tune_policy_run
     from sloctl.control.policies import ExecutionPlan
     from sloctl.registry.store import load_policy
+    from sloctl.training.day_plan import tune_execution_plan
 
     hours = pd.date_range("2024-03-01", periods=3 * 24, freq="h")
     shape = 5 + 25 * np.exp(-0.5 * ((hours.hour.to_numpy() - 14) / 3.0) ** 2)  # an afternoon peak
     pd.DataFrame({"instance_id": 0, "timestamp": hours.strftime("%Y-%m-%d %H:%M:%S"),
                   "query_count": shape.round().astype(int)}).to_parquet(tmp_path / "hourly.parquet")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    summary = tune_policy_run(tmp_path / "hourly.parquet", sim_log, days=2, strategy="grid", budget=3, top_k=2,
-                              n_train=2, n_validation=1, hour_units=8.0, eta=1, phi=1, workers=1,
-                              tracking_uri=uri, experiment="t", log_path=str(tmp_path / "tpch.parquet"),
-                              log_metadata={"benchmark": "tpch", "scale_factor": "0.1"})
+    summary = tune_execution_plan(tmp_path / "hourly.parquet", sim_log, days=2, strategy="grid", budget=3, top_k=2,
+                                  n_train=2, n_validation=1, hour_units=8.0, eta=1, phi=1, workers=1,
+                                  tracking_uri=uri, experiment="t", log_path=str(tmp_path / "tpch.parquet"),
+                                  log_metadata={"benchmark": "tpch", "scale_factor": "0.1"})
     assert summary["target_date"] == "2024-03-04" and summary["history"]["days"] == 2
     assert summary["evaluated"] <= 3 and summary["version"] == "1"
     plan = load_policy(f"models:/{ExecutionPlan.kind}@champion", tracking_uri=uri)

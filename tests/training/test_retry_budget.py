@@ -65,8 +65,8 @@ def test_policy_is_confirmed_registered_and_loaded_back(overloaded, tmp_path):
 
 
 def test_sweep_holds_the_fixed_class_and_hits_each_load():
-    from sloctl.experiments.retry_sweep import retry_sweep, sweep_spec
     from sloctl.models.retry import offered_rho
+    from sloctl.simulation.retry_sweep import retry_sweep, sweep_spec
 
     spec = load_network(TANDEM)
     loaded = sweep_spec(spec, 2.0, ("high",))

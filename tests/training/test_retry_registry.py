@@ -47,9 +47,9 @@ def test_serve_gives_each_networks_sidecars_their_own_budgets(tmp_path):
     import dataclasses
 
     from sloctl.config import load_config
-    from sloctl.serving.app import create_app
     from sloctl.serving.local import LocalServer
-    from sloctl.serving.retry_sync import sync_once
+    from sloctl.serving.runtime.app import create_app
+    from sloctl.serving.runtime.retry_sync import sync_once
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     for path in (HOTEL, TANDEM):

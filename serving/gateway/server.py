@@ -19,7 +19,7 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["DrainingServer"]
+__all__ = ["DrainingServer", "run_gateway"]
 
 
 class DrainingServer(uvicorn.Server):
@@ -56,3 +56,31 @@ class DrainingServer(uvicorn.Server):
                      f"{self.drained['cancelled']} cancelled)")
         finally:
             self.should_exit = True
+
+
+def run_gateway(database: Any, options: Any, *, templates: Any, auth: Any, sock: Any, host: str, port: int,
+                server_options: dict[str, Any], announce: Any = None) -> None:
+    """What ``sloctl gateway`` runs: start the clusters, serve the Trino protocol on ``sock``, drain, close.
+
+    Args:
+        database: the DuckDB file the clusters serve.
+        options: :class:`~sloctl.serving.gateway.GatewayOptions`.
+        templates: the template table (``None``: the model bundle's).
+        auth: :class:`~sloctl.serving.gateway.auth.GatewayAuth`.
+        sock: a bound listening socket.
+        server_options: uvicorn options (TLS files, the slow-client guard).
+        announce: ``announce(status)`` once the gateway is up, before it serves.
+    Returns when a signal has drained the gateway; its log is flushed and its clusters stopped.
+    """
+    from sloctl.serving.gateway.app import create_gateway_app
+    from sloctl.serving.gateway.gateway import Gateway
+
+    gateway = Gateway(database, options, templates=templates).start()
+    try:
+        if announce is not None:
+            announce(gateway.status())
+        config = uvicorn.Config(create_gateway_app(gateway, auth), host=host, port=port, log_level="warning",
+                                **server_options)
+        DrainingServer(config, gateway).run(sockets=[sock])
+    finally:
+        gateway.close()

@@ -1,10 +1,10 @@
 """Keep an Envoy sidecar's RDS file in step with the retry budgets ``sloctl serve`` is serving.
 
 ``sloctl serve`` answers ``GET /v1/retry-policy/envoy?service=S`` with the
-route configuration (:func:`~sloctl.serving.envoy.envoy_route_config`) of the
+route configuration (:func:`~sloctl.serving.runtime.envoy.envoy_route_config`) of the
 retry policy its alias watcher has loaded. :func:`sync_once` fetches it and,
 when it differs from what the RDS file holds, writes it with
-:func:`~sloctl.serving.envoy.write_rds_file`; Envoy, started with
+:func:`~sloctl.serving.runtime.envoy.write_rds_file`; Envoy, started with
 :func:`bootstrap_from_rds`, sees the rename and swaps its routes without a
 restart. :func:`run_sync` polls. ``sloctl sidecar sync`` is the command-line
 face (see docs/envoy.md).
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.core.errors import SyncError
-from sloctl.serving.envoy import ROUTE_CONFIG_TYPE, envoy_bootstrap, route_config_name, write_rds_file
+from sloctl.serving.runtime.envoy import ROUTE_CONFIG_TYPE, envoy_bootstrap, route_config_name, write_rds_file
 
 __all__ = ["SyncError", "SyncResult", "bootstrap_from_rds", "read_rds_file", "run_sync", "sync_once"]
 
@@ -254,7 +254,7 @@ def run_sync(server_url: str, services_to_paths: Mapping[str, str | os.PathLike[
 
 def bootstrap_from_rds(rds_path: str | os.PathLike[str], *, service: str, listen_port: int, upstream_port: int,
                        admin_port: int | None = None) -> dict[str, Any]:
-    """An :func:`~sloctl.serving.envoy.envoy_bootstrap` whose routes come from an existing RDS file.
+    """An :func:`~sloctl.serving.runtime.envoy.envoy_bootstrap` whose routes come from an existing RDS file.
 
     The upstream cluster is named as the file's routes name it, and the
     file's route config must be ``service``'s (``<service>_retry``), else

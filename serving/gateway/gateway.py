@@ -2,7 +2,7 @@
 
 :class:`Gateway` sits in front of DuckDB clusters (a
 :class:`~sloctl.datasets.duckdb_pool.DuckDBClusterPool`) and serves the Trino
-client protocol (:func:`sloctl.serving._gateway_app.create_gateway_app`;
+client protocol (:func:`sloctl.serving.gateway.app.create_gateway_app`;
 ``sloctl gateway``). Each query goes through:
 
 1. **Classification.** Its class comes from the client tags
@@ -64,16 +64,15 @@ from sloctl.control.router import Query
 from sloctl.control.slo_gate import SloGate, predicted_to_meet
 from sloctl.core.config import RouterSection
 from sloctl.core.errors import ClusterPoolError
+from sloctl.core.kinds import RouterKind
 from sloctl.datasets.duckdb_pool import DuckDBClusterPool
 from sloctl.datasets.plan_features import sql_hash
 from sloctl.datasets.pool import CANCELLED, QueryCompletion, QueryRequest
-from sloctl.registry.routers import build_router, router_templates
-from sloctl.serving._gateway_log import AttemptLog
-from sloctl.serving._gateway_policy import GatewayPolicy
-from sloctl.serving._gateway_sql import DEFAULT_MAX_QUERY_LENGTH, check_statement
-from sloctl.serving._gateway_trino import TrinoError, error
-from sloctl.serving.live import PoolBackend
-from sloctl.serving.runtime import ModelSlot
+from sloctl.serving.controller import LATENCY, Controller, ModelSlot, PoolBackend
+from sloctl.serving.gateway.log import AttemptLog
+from sloctl.serving.gateway.policy import GatewayPolicy
+from sloctl.serving.gateway.sql import DEFAULT_MAX_QUERY_LENGTH, check_statement
+from sloctl.serving.gateway.trino import TrinoError, error
 
 __all__ = ["ROUTERS", "Gateway", "GatewayOptions", "GatewayQuery"]
 
@@ -118,7 +117,7 @@ class GatewayOptions:
         admission: defer and shed by predicted SLO misses (needs a latency model).
         retries: retry failed and timed-out attempts on another cluster.
         router_cfg: the ``router:`` settings (margin, cost tolerance, billing).
-        policy: the classes (:class:`~sloctl.serving._gateway_policy.GatewayPolicy`).
+        policy: the classes (:class:`~sloctl.serving.gateway.policy.GatewayPolicy`).
         slo_table: SLO per template, seconds.
         log_dir: folder of the query log (``None``: none written).
         tracking_uri: MLflow store of the aliases below (``None``: no registry).
@@ -340,15 +339,13 @@ class Gateway:
             self.managed.add_cluster(cid, size)
         self.router = GatewayRouter(None, None, self.load_based)
         self.managed.router = self.router
-        self.slots: dict[str, ModelSlot] = {}
+        self.control = Controller(self.managed, opts.router_cfg, templates=self.templates, given=self.predictor)
         if opts.tracking_uri is not None:
-            for name, uri, kind in (("iconq", opts.model_uri, "latency"), ("stage", opts.fallback_uri, "latency"),
+            for name, uri, kind in (("iconq", opts.model_uri, LATENCY), ("stage", opts.fallback_uri, LATENCY),
                                     ("admission", opts.admission_uri, AdmissionPolicy.kind),
                                     ("retry", opts.retry_uri, RetryPolicy.kind)):
                 if uri:
-                    self.slots[name] = ModelSlot(uri, opts.tracking_uri, kind)
-        self.built = None
-        self.model_source = None
+                    self.control.add_slot(name, uri, opts.tracking_uri, kind)
         self._template_of("", None)  # load the TPC-H names once, not on a client's first query
         self.swaps = 0
         self.refresh(force=True)
@@ -377,8 +374,7 @@ class Gateway:
             for _, q in self.gate.drain():
                 self._finish(q, now, error("NO_NODES_AVAILABLE", "The sloctl gateway shut down while the query "
                                            "waited."), "shed")
-        if hasattr(self, "sizer"):
-            self.sizer.close()
+        self.control.close()
         with contextlib.suppress(Exception):  # plan the texts while the workers still run (failures are counted)
             self.flush_log()
         self.pool.close()
@@ -432,7 +428,7 @@ class Gateway:
         arrival), as in the runtime. Never raises for a bad version: the last
         good one stays (``slots[...].error`` says why).
         """
-        swapped = {name: slot.refresh() for name, slot in self.slots.items()}
+        swapped = self.control.poll()
         with self.lock:
             if force or swapped.get("iconq") or swapped.get("stage"):
                 self._build_router()
@@ -447,46 +443,39 @@ class Gateway:
                 self.policy = policy
         return swapped
 
-    def _latency_model(self) -> tuple[Any, str]:
-        for name in ("iconq", "stage"):
-            slot = self.slots.get(name)
-            if slot is not None and slot.value is not None and router_templates(slot.value, self.templates) is not None:
-                return slot.value, f"{name}:{slot.uri} v{slot.version}"
-        if self.predictor is not None:
-            return self.predictor, "given"
-        return None, None
+    @property
+    def slots(self) -> dict[str, ModelSlot]:
+        """The registry aliases followed, by name (iconq, stage, admission, retry)."""
+        return self.control.slots
+
+    @property
+    def built(self) -> Any:
+        """The model router in force (``registry.routers.BuiltRouter``); ``None`` for random and least-queued."""
+        return self.control.built
+
+    @property
+    def model_source(self) -> str | None:
+        """Where the latency model came from (``iconq:models:/... vN``, ``given``); ``None``: no model."""
+        return None if self.control.built is None else self.control.choice.source
 
     def _build_router(self) -> None:
         opts = self.options
-        if opts.router == "random":
-            inner, known, self.built = RandomRouter(opts.seed), None, None
-        elif opts.router == "least-queued":
-            inner, known, self.built = self.load_based, None, None
-        else:
-            predictor, source = self._latency_model()
-            use_iconq = predictor is not None and getattr(predictor, "net", None) is not None
-            built = build_router(predictor, opts.router_cfg, templates=self.templates, use_iconq=use_iconq)
-            self.built, self.model_source = built, source
-            inner = built.router
-            names = set(built.templates["template"]) if built.templates is not None else None
-            known = None if names is None else names.__contains__
         committed: set[int] = set()
-        online = None if self.built is None else self.built.online
-        if online is not None:  # running attempts move over to the new model
-            now = self.now_s()
-            for r in sorted(self.managed.running.values(), key=lambda r: r.query.arrival_s):
-                if known is None or known(r.query.template):
-                    c = self.managed.clusters[r.cluster_id]
-                    r.predicted_s = online.commit(r.query.query_id, r.query.template, r.query.arrival_s,
-                                                  r.query.slo_s, r.cluster_id, c.size, now)
-                    committed.add(r.query.query_id)
+        if opts.router == RouterKind.RANDOM:
+            inner, known = RandomRouter(opts.seed), None
+        elif opts.router == RouterKind.LEAST_QUEUED:
+            inner, known = self.load_based, None
+        else:  # running attempts move over to the new model
+            built, committed = self.control.build_router(self.control.latency_model(), self.now_s())
+            inner = built.router
+            known = None if built.templates is None else set(built.templates["template"]).__contains__
         self.router.swap(inner, known, committed)
-        self._warm()
+        self.control.warm(self.now_s())
         self._build_autoscaler(inner)
         self.swaps += 1
 
     def _build_autoscaler(self, inner: Any) -> None:
-        """The AutoSLO autoscaler over the router in force, as the runtime builds it (observation windows carry over).
+        """The AutoSLO autoscaler over the router in force (:meth:`Controller.build_autoscaler`).
 
         Its spin-up trigger and size selector read the router's predictor:
         without a latency model there is none, and :meth:`status` says so.
@@ -496,58 +485,14 @@ class Gateway:
             if hasattr(self.autoscaler, "router") and hasattr(inner, "model"):
                 self.autoscaler.router = inner
             return
-        knobs = self.options.autoscaler
-        if knobs is None:
+        if self.options.autoscaler is None:
             return
-        from sloctl.control.autoscaler import Autoscaler, autoscaler_for
-        from sloctl.control.background import BackgroundSizer
-        from sloctl.control.router import IconqRouter, StageCostRouter
-
-        built = self.built
-        if built is None or built.online is None:
-            self.managed.autoscaler = None
-            self.autoscaler_note = "off: no latency model for the spin-up trigger and the size selector"
-            return
-        if built.kind == "iconq":
-            margin, tolerance, spread = built.slo_margin or 0.0, built.cost_tolerance, built.violation_spread
-
-            def make_router(model: Any) -> Any:
-                return IconqRouter(model, slo_margin=margin, cost_tolerance=tolerance, violation_spread=spread)
-        else:
-            make_router = StageCostRouter
-        if not hasattr(self, "sizer"):
-            self.sizer = BackgroundSizer()
-        old = self.managed.autoscaler
-        cfg = self.options.router_cfg
-        self.managed.autoscaler = autoscaler_for(knobs, inner, make_router, minimum_s=cfg.minimum_s,
-                                                 price_per_unit_s=cfg.price_per_unit_s, sizer=self.sizer,
-                                                 carry=old if isinstance(old, Autoscaler) else None)
-        self.autoscaler_note = f"spin-up trigger, size selector (add) and teardown, over {built.kind}"
-
-    def _warm(self) -> None:
-        """Compute each template's features on each cluster size now, not on a client's first query.
-
-        The first prediction of a model loads its runtime (torch for Iconq+,
-        several seconds on a busy machine); without this the first queries
-        after a start or a swap would wait for it.
-        """
-        built = self.built
-        if built is None or built.online is None or built.templates is None:
-            return
-        import torch  # noqa: F401  (OnlinePredictor.commit imports it, even for Stage)
-
-        sizes = sorted({c.size for c in self.managed.clusters.values()})
-        names = list(built.templates["template"])
-        for name in names:
-            for size in sizes:
-                built.online.isolated_s(name, size)
-        if built.kind == "iconq" and names:
-            now = self.now_s()
-            built.online.counterfactuals(names[0], now, {"warm": sizes[0]}, now)
+        self.control.build_autoscaler(self.options.autoscaler, inner, without_model="off")
+        self.autoscaler_note = self.control.reactive
 
     def router_kind(self) -> str:
         """``iconq``, ``stage``, ``round-robin`` (no model yet), ``least-queued`` or ``random``."""
-        return self.built.kind if self.built is not None else self.options.router
+        return self.built.kind if self.built is not None else RouterKind(self.options.router)
 
     def _watch(self) -> None:
         while not self._stop.wait(self.options.watch_interval_s):
@@ -595,7 +540,7 @@ class Gateway:
                session: Mapping[str, str] | None = None, slo_s: float | None = None) -> GatewayQuery:
         """Check, then admit (place, defer or shed) one client query; returns at once.
 
-        The text is checked first (:func:`~sloctl.serving._gateway_sql.check_statement`,
+        The text is checked first (:func:`~sloctl.serving.gateway.sql.check_statement`,
         a parse that runs nothing): empty, comment-only, multi-statement and
         non-read texts come back already failed with a Trino error; ``SET
         SESSION`` / ``RESET SESSION`` come back finished with the session

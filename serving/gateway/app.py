@@ -1,4 +1,4 @@
-"""The gateway's HTTP face: the Trino client REST protocol on FastAPI (see :mod:`sloctl.serving._gateway_trino`).
+"""The gateway's HTTP face: the Trino client REST protocol on FastAPI (see :mod:`sloctl.serving.gateway.trino`).
 
 ``POST /v1/statement`` admits the query (:meth:`~sloctl.serving.gateway.Gateway.submit`)
 and answers at once; the client then follows ``nextUri``. Each ``GET`` waits
@@ -27,7 +27,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from sloctl.serving._gateway_trino import column, error_doc, stats_doc
+from sloctl.serving.gateway.trino import column, error_doc, stats_doc
 
 __all__ = ["create_gateway_app", "parse_session", "render_metrics"]
 
@@ -69,11 +69,11 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
 
     Args:
         gateway: the gateway.
-        auth: a :class:`~sloctl.serving._gateway_auth.GatewayAuth` (password
+        auth: a :class:`~sloctl.serving.gateway.auth.GatewayAuth` (password
             file and/or JWT); ``None``: no authentication, the user is the
             ``X-Trino-User`` header (``sloctl gateway`` allows that on loopback only).
     """
-    from sloctl.serving._gateway_auth import AuthError, GatewayAuth, may_read
+    from sloctl.serving.gateway.auth import AuthError, GatewayAuth, may_read
 
     app = FastAPI(title="sloctl SLO gateway (Trino protocol)", version="1")
     started = time.time()

@@ -1,4 +1,4 @@
-"""A simulated day for ``make demo``: routing and autoscaling against baselines.
+"""A simulated day (``make demo``): routing and autoscaling against baselines.
 
 Arrivals follow an hourly contour (the Redset serverless trace when present,
 else a synthetic daily curve), time-compressed so that one hour lasts
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import QueueTrigger, SpinupTrigger, autoscaler_for
+from sloctl.control.autoscaler import QueueTrigger, RelativeAutoscalerSettings, SpinupTrigger, autoscaler_for
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, RouterGuard
 from sloctl.datasets.analysis import save_figure
 from sloctl.datasets.tpc import Template
 from sloctl.datasets.workloads import contour_workload, hourly_counts
-from sloctl.experiments.warehouse import ScalingExperimentConfig, autoscaler_config, scaling_setup
 from sloctl.models.online import OnlinePredictor
+from sloctl.simulation.emulator import calibrated_world
 from sloctl.simulation.engine import WarehouseSimulator
 
 if TYPE_CHECKING:
@@ -34,6 +34,10 @@ if TYPE_CHECKING:
 
 __all__ = ["plot_day", "simulated_day"]
 
+#: Cluster sizes the emulated warehouse must know besides the autoscaler's candidates.
+START_SIZES = (1, 2)
+#: N of the Queue@N baseline.
+QUEUE_N = 8
 SHARED_HOURLY = Path(__file__).resolve().parents[2] / "shared" / "data" / "redset_serverless_hourly.parquet"
 
 
@@ -43,8 +47,9 @@ def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int 
                   violation_spread: float = 0.0) -> dict[str, Any]:
     """Run the day; returns totals and per-hour VR / cumulative cost per approach."""
 
-    cfg = ScalingExperimentConfig(seed=seed, slo_margin=slo_margin, cost_tolerance=cost_tolerance)
-    world, report, slo_ref, templates, mean_iso, table = scaling_setup(log, cfg)
+    knobs = RelativeAutoscalerSettings()  # in mean isolated latencies
+    world, report, slo_ref, templates, mean_iso, table = calibrated_world(
+        log, {*START_SIZES, *knobs.candidate_sizes}, seed)
     source = contour_file if contour_file is not None else (str(SHARED_HOURLY) if SHARED_HOURLY.is_file() else None)
     counts = hourly_counts(source, hours=hours, seed=seed)
     hour_s = hour_units * mean_iso
@@ -57,22 +62,22 @@ def simulated_day(log: pd.DataFrame, predictor: LatencyPredictor, *, hours: int 
     hour_index = np.minimum((arrivals // hour_s).astype(int), hours - 1)
     marks = tuple(int(np.searchsorted(arrivals, h * hour_s)) for h in range(1, hours)
                   if np.searchsorted(arrivals, h * hour_s) < len(queries))
-    minimum_s = cfg.minimum_s * mean_iso
-    scaled = autoscaler_config(cfg, mean_iso)
+    minimum_s = knobs.minimum_s * mean_iso
+    scaled = knobs.config(mean_iso)
 
     def make_router(model: Any) -> IconqRouter:
         return IconqRouter(model, slo_margin=slo_margin, cost_tolerance=cost_tolerance, guard=guard,
                            violation_spread=violation_spread)
 
     results: dict[str, Any] = {}
-    for name in ("round-robin [1,1]", f"queue@{cfg.queue_n}", "autoslo"):
+    for name in ("round-robin [1,1]", f"queue@{QUEUE_N}", "autoslo"):
         if name.startswith("round-robin"):
             sim = WarehouseSimulator(world, [("c0", 1), ("c1", 1)], RoundRobinRouter(), minimum_s=minimum_s,
                                      seed=seed, mark_at=marks)
         else:
             router = make_router(OnlinePredictor(predictor, table))
-            trigger = QueueTrigger(cfg.queue_n) if name.startswith("queue") else SpinupTrigger(cfg.theta,
-                                                                                              cfg.tau_trigger)
+            trigger = (QueueTrigger(QUEUE_N) if name.startswith("queue")
+                       else SpinupTrigger(knobs.theta, knobs.tau_trigger))
             autoscaler = autoscaler_for(scaled, router, make_router, trigger=trigger, minimum_s=minimum_s)
             sim = WarehouseSimulator(world, [("c0", 1)], router, minimum_s=minimum_s, seed=seed,
                                      autoscaler=autoscaler, mark_at=marks)

@@ -19,7 +19,7 @@ fault; a 422 lists ``errors``); the input is never echoed. Non-finite numbers
 (``NaN``, ``Infinity``, ``1e400``) are refused in every body field. Requests
 pass :class:`~sloctl.serving.front.FrontDoor` first (auth, body limits, the
 public budget); authenticated work is then admitted by the same
-:class:`~sloctl.serving.admission.AdmissionMiddleware` the runtime offers
+:class:`~sloctl.serving.runtime.admission.AdmissionMiddleware` the runtime offers
 users. ``/docs`` is off (no CDN here): the spec is ``/openapi.json``.
 """
 
@@ -40,10 +40,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloctl.control.credits import CreditController, LeaseError
-from sloctl.serving.admission import AdmissionMiddleware, AdmissionSettings
-from sloctl.serving.envoy import envoy_route_config
 from sloctl.serving.front import PROBLEM_JSON, FrontDoor, FrontSettings, check_token, problem
-from sloctl.serving.runtime import Runtime, RuntimeError_
+from sloctl.serving.runtime.admission import AdmissionMiddleware, AdmissionSettings
+from sloctl.serving.runtime.envoy import envoy_route_config
+from sloctl.serving.runtime.runtime import Runtime, RuntimeError_
 
 __all__ = ["MAX_NEIGHBOURS", "create_app"]
 
@@ -406,7 +406,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
     Args:
         cfg: the :class:`~sloctl.config.SloctlConfig`.
         token: bearer token for mutating endpoints (None: no auth, for local experiments only).
-        templates: plan features per template (see :func:`~sloctl.serving.runtime.load_templates_table`).
+        templates: plan features per template (see :func:`~sloctl.serving.controller.load_templates_table`).
         state_db: SQLite file (default ``cfg.serve.state_db``).
         watch: poll the registry aliases every ``cfg.serve.watch_interval_s``
             (and enact the execution-config's spin-ups that fall due between route calls).
@@ -423,7 +423,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        holder["runtime"] = Runtime(cfg, templates, state_db or cfg.serve.state_db, clock=clock or time.time)
+        holder["runtime"] = Runtime(cfg, templates, state_db or cfg.serve.state_db, clock=clock or time.time).start()
         thread = None
         if watch:
             def loop() -> None:

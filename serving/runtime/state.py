@@ -19,7 +19,7 @@ What is kept, and why a crash cannot rewind it:
   ``query_id``, so that a repeated call gets the first answer back (kept
   ``answer_ttl_s``).
 
-:class:`~sloctl.serving.state_redis.RedisStateStore` keeps the same state in
+:class:`~sloctl.serving.runtime.state_redis.RedisStateStore` keeps the same state in
 Redis for replicas (``state.url``); its route and complete are atomic
 scripts instead of this file's transactions.
 """

@@ -1,6 +1,6 @@
 """The controller runtime's state: models hot-swapped from the registry, the routed pool, admission, retry budgets.
 
-:class:`Runtime` holds everything the HTTP layer (:mod:`sloctl.serving.app`)
+:class:`Runtime` holds everything the HTTP layer (:mod:`sloctl.serving.runtime.app`)
 serves, behind one lock:
 
 * **Models by alias.** Each :class:`ModelSlot` follows one registry alias
@@ -19,7 +19,7 @@ serves, behind one lock:
   :class:`~sloctl.control.managed.ManagedPool`'s, as in the simulator and the
   live runner; the runtime adds HTTP validation, its lock and persistence.
 * **Durable state.** Running queries, accrued cost and the cluster set live
-  in a :class:`~sloctl.serving.state.StateStore` (SQLite), written on every
+  in a :class:`~sloctl.serving.runtime.state.StateStore` (SQLite), written on every
   change; cost is written before it is reported. A restart reconciles:
   running queries are re-committed (those older than ``stale_after_s`` are
   dropped and counted), cost carries on from where it was, and the cluster
@@ -29,14 +29,14 @@ serves, behind one lock:
   pool (:class:`~sloctl.control.credits.LeasedCredits`): only that lease
   releases its credit, and an expired one is reclaimed.
 * **The execution-config.** The Policy Tuner's plan in force is enacted on
-  the pool (:class:`~sloctl.serving.execution.PlanEnactor`): its starting
+  the pool (:class:`~sloctl.serving.runtime.execution.PlanEnactor`): its starting
   clusters, its scheduled spin-ups (checked at every route call and every
   refresh) and a reactive :class:`~sloctl.control.autoscaler.Autoscaler`
   with its knobs, which ``route`` drives as ``ManagedPool.scale`` does in
   simulation, its Spinup Size Selector on a
   :class:`~sloctl.control.background.BackgroundSizer`.
 * **Replicas.** With ``state.url: redis://...`` the state lives in Redis
-  (:class:`~sloctl.serving.state_redis.RedisStateStore`) and several
+  (:class:`~sloctl.serving.runtime.state_redis.RedisStateStore`) and several
   runtimes serve one fleet: route and complete commit atomically there (the
   first answer for a ``query_id`` wins and a repeated call gets it back), the
   bill is the shared timers', leases are one book, and before each decision
@@ -61,25 +61,21 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import SpinupTrigger, autoscaler_for
-from sloctl.control.background import BackgroundSizer
 from sloctl.control.credits import ClassShare, CreditController, LeasedCredits
 from sloctl.control.managed import ManagedPool, RunningQuery
 from sloctl.control.policies import AdmissionPolicy, ExecutionPlan, RetryPolicy
-from sloctl.control.router import ClusterState, IconqRouter, Query, StageCostRouter
-from sloctl.datasets.querylog import read_log, template_table
-from sloctl.registry.routers import build_router, router_templates
-from sloctl.registry.store import connect, load_model, load_policy
-from sloctl.serving.execution import PlanEnactor
-from sloctl.serving.state import SqliteStateStore, StateStore
-from sloctl.serving.state_redis import RedisStateStore
+from sloctl.control.router import ClusterState, Query
+from sloctl.core.kinds import RouterKind
+from sloctl.serving.controller import LATENCY, Controller, ModelSlot
+from sloctl.serving.runtime.execution import PlanEnactor
+from sloctl.serving.runtime.state import SqliteStateStore, StateStore
+from sloctl.serving.runtime.state_redis import RedisStateStore
 
-__all__ = ["RESERVED_PREFIX", "ModelSlot", "Runtime", "RuntimeError_", "open_state_store", "reopen_if_replaced"]
+__all__ = ["RESERVED_PREFIX", "Runtime", "RuntimeError_", "open_state_store"]
 
 RESERVED_PREFIX = "_"  # cluster ids starting with it are the runtime's own (``_retired``): never a path's
 
@@ -91,103 +87,6 @@ class RuntimeError_(ValueError):
         super().__init__(message)
         self.status = status
         self.field = field
-
-
-def _parse_uri(uri: str) -> tuple[str, str]:
-    if not uri.startswith("models:/") or "@" not in uri:
-        raise ValueError(f"The model URI must look like models:/NAME@ALIAS, got {uri!r}.")
-    name, alias = uri.removeprefix("models:/").split("@", 1)
-    return name, alias
-
-
-@dataclass
-class ModelSlot:
-    """One registry alias and the last good object loaded from it."""
-
-    uri: str
-    tracking_uri: str
-    kind: str  # "latency", or the policy kind the alias must hold (RetryPolicy.kind, ...)
-    version: str | None = None
-    value: Any = None
-    error: str | None = None
-    loaded_at: float | None = None
-    swaps: int = 0
-    load_failures: int = 0  # versions that failed to load (``sloctl_model_load_failures_total``)
-
-    def refresh(self) -> bool:
-        """Load the alias's version if it moved; returns True on a swap. Never raises.
-
-        An alias back on the version in use clears the error of a failed
-        load; a registry file replaced since the last look (new inode, or an
-        older mtime) is reopened first.
-        """
-        from mlflow import MlflowClient
-        from mlflow.exceptions import MlflowException
-
-        name, alias = _parse_uri(self.uri)
-        try:
-            reopen_if_replaced(self.tracking_uri)
-            connect(self.tracking_uri)
-            client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
-            version = str(client.get_model_version_by_alias(name, alias).version)
-        except MlflowException as exc:
-            self.error = f"no model at {self.uri}" if self.value is None else str(exc)[:300]
-            return False
-        except Exception as exc:  # registry unreachable: keep serving what we have
-            self.error = f"{type(exc).__name__}: {str(exc)[:300]}"
-            return False
-        if version == self.version:
-            self.error = None  # the alias names what we serve: an earlier failure is over
-            return False
-        try:
-            uri = f"models:/{name}/{version}"
-            value = (load_model(uri, tracking_uri=self.tracking_uri) if self.kind == "latency"
-                     else load_policy(uri, tracking_uri=self.tracking_uri, kind=self.kind))
-        except Exception as exc:  # a bad version: keep the last good one and say so
-            self.load_failures += 1
-            self.error = f"version {version} failed to load ({type(exc).__name__}: {str(exc)[:300]}); " \
-                         f"serving version {self.version}"
-            return False
-        self.value, self.version, self.error, self.loaded_at = value, version, None, time.time()
-        self.swaps += 1
-        return True
-
-    def status(self) -> dict[str, Any]:
-        return {"uri": self.uri, "version": self.version, "loaded": self.value is not None, "error": self.error,
-                "swaps": self.swaps, "load_failures": self.load_failures}
-
-
-_REGISTRY_FILES: dict[str, tuple[int, int, int]] = {}  # tracking URI -> (device, inode, mtime_ns) last seen
-
-
-def reopen_if_replaced(tracking_uri: str) -> bool:
-    """Drop MLflow's pooled connections to a ``sqlite:///`` registry whose file was replaced; True if it did.
-
-    A file replaced by another (``mv new.db mlflow.db``: a new inode) or by an
-    older copy (mtime going back) would otherwise keep being read through
-    connections to the deleted file.
-    """
-    if not tracking_uri.startswith("sqlite:///"):
-        return False
-    import os
-
-    try:
-        st = os.stat(tracking_uri.removeprefix("sqlite:///"))
-    except OSError:
-        return False
-    seen = _REGISTRY_FILES.get(tracking_uri)
-    now = (st.st_dev, st.st_ino, st.st_mtime_ns)
-    _REGISTRY_FILES[tracking_uri] = now
-    if seen is None or (seen[:2] == now[:2] and now[2] >= seen[2]):
-        return False
-    from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as RegistryStore
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as TrackingStore
-
-    for store in (TrackingStore, RegistryStore):
-        engine = getattr(store, "_engine_map", {}).get(tracking_uri)
-        if engine is not None:
-            engine.dispose()  # the next query opens the file now at that path
-    return True
 
 
 class _Running:
@@ -245,21 +144,18 @@ class Runtime:
     templates: Any  # pandas DataFrame (serve.templates_log): overrides the bundles' template tables; or None
     state_db: str
     stale_after_s: float = 3600.0
-    slots: dict[str, ModelSlot] = field(default_factory=dict)
     decisions: deque = field(default_factory=lambda: deque(maxlen=50))
     history: deque = field(default_factory=lambda: deque(maxlen=500))
     clock: Callable[[], float] = time.time  # wall seconds; tests inject a fake
     store: StateStore | None = None  # default: state.url's store, else SqliteStateStore(state_db)
 
-    def __post_init__(self) -> None:
+    def start(self) -> Runtime:
+        """Open the state store, follow the registry's aliases, reconcile with the state before a restart."""
         serve, registry = self.cfg.serve, self.cfg.registry
+        self.built = None  # the router in force (registry.routers.BuiltRouter), built at the first refresh
         self.lock = threading.RLock()
         self.admission_lock = threading.Lock()
         self.wall0 = self.clock()
-        self.slots = {name: ModelSlot(uri, registry.tracking_uri, kind) for name, uri, kind in (
-            ("iconq", serve.model_uri, "latency"), ("stage", serve.fallback_uri, "latency"),
-            ("admission", serve.admission_uri, AdmissionPolicy.kind), ("retry", serve.retry_uri, RetryPolicy.kind),
-            ("execution", serve.execution_uri, ExecutionPlan.kind))}
         self.replica = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"  # unique per incarnation
         if self.store is None:
             self.store = open_state_store(self.cfg, self.state_db, replica=self.replica,
@@ -272,6 +168,12 @@ class Runtime:
         # Shared state: other replicas' events arrive late, so the local timers clamp (the bill is Redis's)
         self.pool = ManagedPool(None, price_per_unit_s=self.cfg.router.price_per_unit_s,
                                 minimum_s=self.cfg.router.minimum_s, clamp_late_events=self.shared)
+        self.control = Controller(self.pool, self.cfg.router, templates=self.templates)
+        for name, uri, kind in (("iconq", serve.model_uri, LATENCY), ("stage", serve.fallback_uri, LATENCY),
+                                ("admission", serve.admission_uri, AdmissionPolicy.kind),
+                                ("retry", serve.retry_uri, RetryPolicy.kind),
+                                ("execution", serve.execution_uri, ExecutionPlan.kind)):
+            self.control.add_slot(name, uri, registry.tracking_uri, kind)
         self.origin: dict[str, str] = {}  # who brought each cluster: config, operator, plan, schedule, autoscaler
         self._log_id = self.store.last_event_id() if self.shared else None  # read before the state it follows
         saved = self.store.clusters()
@@ -285,7 +187,6 @@ class Runtime:
         self._saved_clusters = saved
         # PUT/DELETE /v1/clusters since the start (or before a restart): a plan then keeps the pool
         self.operator_changed_pool = self.store.meta("operator_changed_pool") == "1"
-        self.sizer = BackgroundSizer()  # the reactive autoscaler's size selector, off the routing path
         self.enactor = PlanEnactor(serve, self.pool, self.wall0, remove=self._remove_cluster, origin=self.origin)
         self._plan_slot: tuple[Any, str | None] = (None, None)  # the execution slot's value and version in force
         self.violations = 0
@@ -304,6 +205,7 @@ class Runtime:
         self._reconcile()
         self._sync_clusters()
         self._catch_up()
+        return self
 
     # -- time and models -------------------------------------------------------------
     def now_s(self) -> float:
@@ -323,10 +225,9 @@ class Runtime:
         with self.lock:
             slot = self.slots.get(key)
             if slot is None:
-                slot = ModelSlot(f"models:/{RetryPolicy.kind}-{network}@champion", self.cfg.registry.tracking_uri,
-                                 RetryPolicy.kind)
+                slot = self.control.add_slot(key, f"models:/{RetryPolicy.kind}-{network}@champion",
+                                             self.cfg.registry.tracking_uri, RetryPolicy.kind)
                 slot.refresh()
-                self.slots = {**self.slots, key: slot}  # a new dict: refresh() may be iterating over the old one
         return slot
 
     def refresh(self) -> dict[str, bool]:
@@ -335,9 +236,9 @@ class Runtime:
         Also the background look at the clock: scheduled spin-ups now due are
         enacted here when no route call came first.
         """
-        swapped = {name: slot.refresh() for name, slot in self.slots.items()}
+        swapped = self.control.poll()
         with self.lock:
-            if swapped["iconq"] or swapped["stage"] or not hasattr(self, "router"):
+            if swapped["iconq"] or swapped["stage"] or self.built is None:
                 self._build_router()
             if swapped["admission"] or self.admission is None:
                 with self.admission_lock:
@@ -350,7 +251,7 @@ class Runtime:
         return swapped
 
     def tick(self) -> None:
-        """Enact what the execution-config in force has due now (see :class:`~sloctl.serving.execution.PlanEnactor`)."""
+        """Enact what the execution-config in force has due now (:class:`~.execution.PlanEnactor`)."""
         with self.lock:
             self._catch_up()
             if self.leads():
@@ -379,7 +280,7 @@ class Runtime:
         under load a replica's calls follow each other within that, so its
         view is that fresh at worst, at one Redis round trip per call.
         """
-        if not self.shared or not hasattr(self, "router"):
+        if not self.shared or getattr(self, "built", None) is None:
             return
         if unless_fresh and time.monotonic() - self._synced < self.SYNC_S:
             return
@@ -503,32 +404,50 @@ class Runtime:
         state = getattr(self.router, "guard_state", None)
         return state.summary() if state is not None else None
 
+    @property
+    def slots(self) -> dict[str, ModelSlot]:
+        """The registry aliases followed, by name (iconq, stage, admission, retry, execution, retry-<network>)."""
+        return self.control.slots
+
+    @property
+    def router(self) -> Any:
+        return self.built.router
+
+    @property
+    def online(self) -> Any:
+        """The router's online predictor (``None`` for round-robin)."""
+        return self.built.online
+
+    @property
+    def route_templates(self) -> Any:
+        return self.built.templates
+
+    @property
+    def router_margin(self) -> Any:
+        return self.built.margin
+
+    @property
+    def router_kind(self) -> RouterKind:
+        """``iconq``, ``stage`` or ``round-robin``: the model routing now."""
+        return self.built.kind
+
+    @property
+    def sizer(self) -> Any:
+        return self.control.sizer
+
     def latency_model(self) -> str:
         """Which model routes now: iconq, stage or round-robin (the documented fallback order).
 
         A model routes when a template table is at hand: ``serve.templates_log``
         or the one in its bundle.
         """
-        for kind in ("iconq", "stage"):
-            predictor = self.slots[kind].value
-            if predictor is not None and router_templates(predictor, self.templates) is not None:
-                return kind
-        return "round-robin"
+        return self.control.latency_model().slot or RouterKind.ROUND_ROBIN
 
     def _build_router(self) -> None:
-        kind = self.latency_model()
-        built = build_router(None if kind == "round-robin" else self.slots[kind].value, self.cfg.router,
-                             templates=self.templates, use_iconq=kind == "iconq")
-        self.online, self.router, self.route_templates = built.online, built.router, built.templates
-        self.router_margin = built.margin
-        self.router_kind = kind
-        self.pool.router = self.router  # the pool's step routes with the router in force
+        """The router of the model in force, with the running queries re-committed on it."""
+        self.built, _ = self.control.build_router(self.control.latency_model(), self.now_s())
+        self.pool.router = self.built.router  # the pool's step routes with the router in force
         self._build_autoscaler()  # the reactive autoscaler reads the router's predictor
-        if self.online is not None:  # running queries move over to the new model
-            for r in sorted(self.running.values(), key=lambda r: r.arrival_wall):
-                c = self.clusters[r.cluster_id]
-                r.predicted_s = self.online.commit(r.query_id, r.template, r.arrival_s, r.slo_s,
-                                                   c.cluster_id, c.size, self.now_s())
 
     def _build_autoscaler(self) -> None:
         """The reactive autoscaler of the plan in force (AutoSLO §6), attached to the pool; none without knobs.
@@ -542,31 +461,9 @@ class Runtime:
         """
         state = self.enactor.current
         knobs = state.plan.config.autoscaler if state else None
-        old = self.pool.autoscaler
-        if knobs is None:
-            self.pool.autoscaler = None
-            if state:
-                state.reactive = None
-            return
-        if self.router_kind == "round-robin":
-            trigger, make_router = None, _no_what_if
-            state.reactive = "teardown only: routing is round-robin, no latency model for the spin-up trigger"
-        else:
-            trigger = SpinupTrigger(knobs.theta, knobs.tau_trigger)
-            if self.router_kind == "iconq":
-                margin, tolerance = self.router_margin.slo_margin, self.cfg.router.cost_tolerance
-                spread = getattr(self.router, "violation_spread", 0.0)
-
-                def make_router(model: Any) -> IconqRouter:
-                    return IconqRouter(model, slo_margin=margin, cost_tolerance=tolerance,
-                                       violation_spread=spread)
-            else:
-                make_router = StageCostRouter
-            state.reactive = f"spin-up trigger, size selector (add) and teardown, over {self.router_kind}"
-        self.pool.autoscaler = autoscaler_for(knobs, self.router, make_router, trigger=trigger,
-                                              minimum_s=self.cfg.router.minimum_s,
-                                              price_per_unit_s=self.cfg.router.price_per_unit_s, sizer=self.sizer,
-                                              carry=old)
+        self.control.build_autoscaler(knobs, self.router, without_model="teardown")
+        if state:
+            state.reactive = None if knobs is None else self.control.reactive
 
     def _build_admission(self) -> None:
         """The admission policy's credit pool, handed out as leases; a new policy starts a new pool."""
@@ -613,9 +510,7 @@ class Runtime:
     # -- routing ---------------------------------------------------------------------
     def templates_for(self, kind: str) -> Any:
         """The template table ``kind``'s model routes with: ``serve.templates_log``, else its bundle's."""
-        if kind == "round-robin":
-            return self.templates
-        return router_templates(self.slots[kind].value, self.templates)
+        return self.control.templates_for(None if kind == RouterKind.ROUND_ROBIN else kind)
 
     def check_template(self, template: str, kind: str | None = None) -> None:
         """Refuse a template missing from the table of ``kind``'s model (default: the router's)."""
@@ -654,7 +549,7 @@ class Runtime:
                     return self._first_answer(first, query_id, template=template, slo_s=slo_s)
                 if query_id in self.pool.running:  # running from before answers were kept
                     raise RuntimeError_(f"query {query_id} is already running", status=409, field="query_id")
-            if self.router_kind != "round-robin":
+            if self.router_kind != RouterKind.ROUND_ROBIN:
                 self.check_template(template)
             now = self.now_s()
             leads = self.leads()
@@ -673,8 +568,8 @@ class Runtime:
             predicted = None if not np.isfinite(decision.predicted_s) else float(decision.predicted_s)
             out = {"query_id": query_id, "cluster_id": cluster.cluster_id, "cluster_size": cluster.size,
                    "predicted_latency_s": predicted, "model": self.router_kind,
-                   "model_version": self.slots[self.router_kind].version if self.router_kind != "round-robin"
-                   else None, "fallback": self.router_kind != "iconq", "guard": decision.fallback,
+                   "model_version": self._model_version(), "fallback": self.router_kind != RouterKind.ICONQ,
+                   "guard": decision.fallback,
                    "decision_ms": decision_ms,
                    "explanation": {cid: {k: float(v) for k, v in e.items()} for cid, e in decision.explanation.items()}}
             kept = {**out, "request": {"template": template, "slo_s": slo_s}}
@@ -879,8 +774,12 @@ class Runtime:
             view = self.enactor.view()
             return None if view is None else {**self.enactor.current.plan.to_doc(), **view}
 
+    def _model_version(self) -> str | None:
+        slot = self.control.choice.slot
+        return None if slot is None else self.slots[slot].version
+
     def close(self) -> None:
-        self.sizer.close()  # a sizing job under way is waited for; its result is not applied
+        self.control.close()  # a sizing job under way is waited for; its result is not applied
         with self.lock:
             self._persist_costs(self.now_s())
             self._sync_clusters()
@@ -899,18 +798,3 @@ def open_state_store(cfg: Any, state_db: str, *, replica: str, answer_ttl_s: flo
     if url:  # StateSection allows only these schemes: this one is sqlite:///PATH
         state_db = url.removeprefix("sqlite:///")
     return SqliteStateStore(state_db, answer_ttl_s=answer_ttl_s)
-
-
-def _no_what_if(model: Any) -> Any:
-    raise ValueError("The Spinup Size Selector needs a latency model; the runtime routes round-robin.")
-
-
-def load_templates_table(path: str | Path | None):
-    """One row per template (plan features, :func:`~sloctl.datasets.querylog.template_table`) of a query log.
-
-    ``None`` without a log: the runtime then routes with the table inside the
-    model bundle.
-    """
-    if path is None:
-        return None
-    return template_table(read_log(path))

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from sloctl.experiments import plots  # noqa: E402
-from sloctl.experiments.plots import (  # noqa: E402
+from sloctl import plots  # noqa: E402
+from sloctl.plots import (  # noqa: E402
     approach_bars_figure,
     forecast_figure,
     placement_figure,
@@ -169,8 +169,8 @@ def captured(monkeypatch):
         return Path(path)
 
     import sloctl.datasets.analysis as analysis
-    import sloctl.experiments.day as day
-    import sloctl.experiments.retry_sweep as retry_sweep
+    import sloctl.simulation.day as day
+    import sloctl.simulation.retry_sweep as retry_sweep
 
     for module in (analysis, day, retry_sweep):
         monkeypatch.setattr(module, "save_figure", capture)
@@ -186,7 +186,7 @@ def _assert_units(fig) -> None:
 
 
 def test_retry_sweep_plot_names_load_and_rejection_in_percent(captured):
-    from sloctl.experiments.retry_sweep import plot_retry_sweep
+    from sloctl.simulation.retry_sweep import plot_retry_sweep
 
     result = {"points": [{"offered_rho": r, "k": {"high": 5, "low": 1}, "analysis": {"high": 0.0, "low": r / 4},
                           "simulated": {"high": 0.0, "low": r / 4 + 0.01}} for r in (0.5, 1.0, 2.0)]}
@@ -199,7 +199,7 @@ def test_retry_sweep_plot_names_load_and_rejection_in_percent(captured):
 
 
 def test_day_plot_names_its_units(captured):
-    from sloctl.experiments.day import plot_day
+    from sloctl.simulation.day import plot_day
 
     day = {"queries": 10, "contour": "synthetic", "hour_s": 30.0, "hours": 4,
            "results": {"ours": {"vr": 0.1, "cost": 40.0, "per_hour_vr": [0.0, 0.2, 0.1, 0.0],
