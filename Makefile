@@ -25,7 +25,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/python tools/check_layers.py
-	$(BIN)/pytest -m "not slow"
+	$(BIN)/pytest -m "not slow" -n 2 --dist loadfile
 
 test-slow: $(STAMP)
 	$(BIN)/pytest -m slow

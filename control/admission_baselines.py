@@ -5,11 +5,11 @@ overrides the do-nothing defaults of :class:`~sloctl.control.admission.AdmitAll`
 (itself the ``none`` baseline: unbounded queues). Svalinn is
 :class:`~sloctl.control.admission.Svalinn`, the object the live middleware runs.
 
-* ``single-queue`` — :class:`SingleQueuePolicy`, Breakwater-like: one credit
+* ``single-queue`` — :class:`SingleQueueAdmission`, Breakwater-like: one credit
   pool for all requests, AIMD on the measured run-queue delay.
-* ``seda`` — :class:`SedaPolicy`: a token bucket whose rate follows the p99
+* ``seda`` — :class:`SedaAdmission`: a token bucket whose rate follows the p99
   of latency/SLO (SEDA's adaptive admission controller).
-* ``protego`` — :class:`ProtegoPolicy`: Protego's credit pool (raised only
+* ``protego`` — :class:`ProtegoAdmission`: Protego's credit pool (raised only
   while throughput rises and the credits are used) and a drop before a lock
   when the wait would not fit the request's remaining SLO; no view of memory.
 """
@@ -20,10 +20,10 @@ import numpy as np
 
 from sloctl.control.admission import AdmissionRequest, AdmitAll
 
-__all__ = ["ProtegoPolicy", "SedaPolicy", "SingleQueuePolicy"]
+__all__ = ["ProtegoAdmission", "SedaAdmission", "SingleQueueAdmission"]
 
 
-class SingleQueuePolicy(AdmitAll):
+class SingleQueueAdmission(AdmitAll):
     """Breakwater-like: one credit pool, AIMD on run-queue delay, no view of memory or locks.
 
     Every ``tick`` the delay signal ``d`` is the longest run-queue wait seen
@@ -82,7 +82,7 @@ class SingleQueuePolicy(AdmitAll):
         return {"credits": self.credits_}
 
 
-class SedaPolicy(AdmitAll):
+class SedaAdmission(AdmitAll):
     """SEDA's adaptive admission: a token bucket whose rate keeps p99 latency/SLO under ``target_ratio``.
 
     Every ``adjust_interval_s`` with at least ``min_samples`` completions: if
@@ -142,7 +142,7 @@ class SedaPolicy(AdmitAll):
         return {"rate_per_s": self.rate_per_s_}
 
 
-class ProtegoPolicy(AdmitAll):
+class ProtegoAdmission(AdmitAll):
     """Protego-like: a throughput-driven credit pool and lock AQM (drop before a lock whose expected wait
     exceeds the request's remaining SLO); memory bandwidth is not managed.
 

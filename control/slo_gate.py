@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from sloctl.core.kinds import RouterKind
+
 __all__ = ["GateClass", "SloGate", "Waiting", "predicted_to_meet"]
 
 Verdict = Literal["admit", "force", "defer", "shed"]
@@ -70,7 +72,7 @@ def predicted_to_meet(predictor: Any, kind: str, template: str, left_s: float, c
     """
     if not clusters:
         return False
-    if kind == "iconq":
+    if kind == RouterKind.ICONQ:
         options = predictor.counterfactuals(template, now_s, dict(clusters), now_s)
         return min(float(cf.query_s) for cf in options.values()) <= (1.0 - slo_margin) * left_s
     return min(float(predictor.isolated_s(template, size)) for size in clusters.values()) <= left_s

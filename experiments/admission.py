@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.control.admission import AdmitAll, Svalinn
-from sloctl.control.admission_baselines import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
+from sloctl.control.admission_baselines import ProtegoAdmission, SedaAdmission, SingleQueueAdmission
 from sloctl.control.credits import DropPenaltyUtility, ThroughputUtility
 from sloctl.experiments.admission_bandit import bandit_experiment, tuner_factories
 from sloctl.simulation.server_sim import (
@@ -114,11 +114,11 @@ def make_policy(name: str, types: Sequence[RequestType], config: ServerConfig, *
         return AdmitAll()
     if name == "single-queue":
         # One queue, one target: half the tightest queueing allowance, so no type's SLO is given up on.
-        return SingleQueuePolicy(target_delay_s=min(t.slo_s - expected[t.name] for t in types) / 2)
+        return SingleQueueAdmission(target_delay_s=min(t.slo_s - expected[t.name] for t in types) / 2)
     if name == "seda":
-        return SedaPolicy(initial_rate_per_s=capacity)
+        return SedaAdmission(initial_rate_per_s=capacity)
     if name == "protego":
-        return ProtegoPolicy()
+        return ProtegoAdmission()
     if name == "svalinn":
         priorities = {"high": 1, "low": 0} if {t.klass for t in types} >= {"high", "low"} else None
         return Svalinn.for_server(config.cores, config.bandwidth_bytes_per_s, expected, priorities=priorities,

@@ -27,7 +27,7 @@ from sloctl.control.aqm import BottleneckAQM
 from sloctl.control.credits import ClassShare, CreditController
 from sloctl.serving.runtime.admission import AdmissionMiddleware, AsyncMSemaphore
 
-__all__ = ["LoadResult", "build_app", "run_load"]
+__all__ = ["FloodResult", "build_app", "run_load"]
 
 
 def build_app(*, controlled: bool, mem_mb: int = 64, msem_capacity: int = 2, credits: int = 16) -> Any:
@@ -94,7 +94,7 @@ def __getattr__(name: str) -> Any:  # ``uvicorn sloctl.experiments.admission_dem
 
 
 @dataclass(frozen=True)
-class LoadResult:
+class FloodResult:
     """Per path: requests sent, 200s, 200s within the SLO (goodput), and latency p99 of the 200s."""
 
     sent: dict[str, int]
@@ -110,7 +110,7 @@ class LoadResult:
 
 async def run_load(base_url: str, rates_per_s: dict[str, float], *, duration_s: float, slo_s: dict[str, float],
                    max_in_flight: int = 256, seed: int = 0, headers: dict[str, dict[str, str]] | None = None
-                   ) -> LoadResult:
+                   ) -> FloodResult:
     """Open-loop Poisson load on each path for ``duration_s``; at most ``max_in_flight`` requests outstanding.
 
     A request that would exceed ``max_in_flight`` is counted as sent and dropped at the client (bounded
@@ -166,7 +166,7 @@ async def run_load(base_url: str, rates_per_s: dict[str, float], *, duration_s: 
             tasks.append(asyncio.create_task(one(at, path)))
         await asyncio.gather(*tasks)
     p99 = {p: (sorted(v)[int(0.99 * (len(v) - 1))] if v else float("nan")) for p, v in latencies.items()}
-    return LoadResult(sent=sent, ok=ok, good=good, dropped=dropped, p99_s=p99, duration_s=duration_s)
+    return FloodResult(sent=sent, ok=ok, good=good, dropped=dropped, p99_s=p99, duration_s=duration_s)
 
 
 def live_admission_experiment(*, duration_s: float = 4.0, mem_rate_per_s: float = 150.0, cpu_rate_per_s: float = 100.0,

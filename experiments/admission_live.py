@@ -15,7 +15,7 @@ The app (:func:`build_app`) serves three endpoints on loopback:
 Three controls, one at a time, each in a fresh ``uvicorn`` process:
 
 * ``none`` — the bare app;
-* ``single-queue`` — :class:`~sloctl.control.admission_baselines.SingleQueuePolicy`
+* ``single-queue`` — :class:`~sloctl.control.admission_baselines.SingleQueueAdmission`
   (Breakwater-like AIMD on the server's queueing delay, blind to the
   endpoint) behind :class:`ControllerMiddleware`;
 * ``svalinn`` — :class:`~sloctl.serving.runtime.admission.AdmissionMiddleware` around
@@ -217,7 +217,7 @@ def _controlled_app(config: Mapping[str, Any]) -> Any:
     from fastapi.responses import JSONResponse
     from starlette.concurrency import run_in_threadpool
 
-    from sloctl.control.admission_baselines import SingleQueuePolicy
+    from sloctl.control.admission_baselines import SingleQueueAdmission
     from sloctl.serving.runtime.admission import (
         AdmissionMiddleware,
         AdmissionSettings,
@@ -323,7 +323,7 @@ def _controlled_app(config: Mapping[str, Any]) -> Any:
     if control == "single-queue":
         profiles = {p: RequestProfile(p, "be", config["slo_s"][p]) for p in ENDPOINTS}
         target = min(config["slo_s"][p] - config["isolated_s"][p] for p in ENDPOINTS) / 2
-        return ControllerMiddleware(app, SingleQueuePolicy(target_delay_s=max(target, 1e-4)), profiles,
+        return ControllerMiddleware(app, SingleQueueAdmission(target_delay_s=max(target, 1e-4)), profiles,
                                     config["isolated_s"])
     return app
 

@@ -72,6 +72,7 @@ from sloctl.control.autoscaler import AutoscalerConfig, QueueScaler, RelativeAut
 from sloctl.control.placement import PackingRouter
 from sloctl.control.router import IconqRouter, Query, RouterGuard
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, schedule_spinups
+from sloctl.core.kinds import RouterKind
 from sloctl.datasets.forecast import Forecaster
 from sloctl.datasets.querylog import read_log, template_table
 from sloctl.datasets.reservoir import Reservoir
@@ -305,7 +306,7 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
 
     table = template_table(log)
     built = build_router(_predictor(str(model_dir)), router or RouterSection(), templates=table, log=log)
-    if built.kind != "iconq":
+    if built.kind != RouterKind.ICONQ:
         raise ValueError(f"The 'model_dir' parameter must hold an Iconq+ model with a template table, got a "
                          f"{built.kind} router from {model_dir}.")
     relative = RelativeAutoscalerSettings()

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LoadResult", "Replica", "audit", "drive", "start_replicas", "write_config"]
+__all__ = ["ReplicaLoad", "Replica", "audit", "drive", "start_replicas", "write_config"]
 
 
 @dataclass
@@ -143,7 +143,7 @@ class _Conn:
 
 
 @dataclass
-class LoadResult:
+class ReplicaLoad:
     """What the load generator saw."""
 
     statuses: Counter = field(default_factory=Counter)  # (path, status) -> count
@@ -167,7 +167,7 @@ class LoadResult:
 
 async def _drive(replicas: list[Replica], token: str, *, route_pairs: int, admit_pairs: int, workers: int,
                  seed: int, first_id: int, templates: list[str], kill_after: int | None,
-                 duration_s: float | None, result: LoadResult) -> None:
+                 duration_s: float | None, result: ReplicaLoad) -> None:
     rng = random.Random(seed)
     total = route_pairs + admit_pairs
     if total <= 1_000_000:
@@ -247,7 +247,7 @@ async def _drive(replicas: list[Replica], token: str, *, route_pairs: int, admit
 
 def drive(replicas: list[Replica], token: str, *, route_pairs: int, admit_pairs: int = 0, workers: int = 16,
           seed: int = 0, first_id: int = 0, templates: list[str] | None = None, kill_after: int | None = None,
-          duration_s: float | None = None) -> LoadResult:
+          duration_s: float | None = None) -> ReplicaLoad:
     """Send the bounded load (shuffled route/complete and admit/release pairs) and return what came back.
 
     Args:
@@ -261,7 +261,7 @@ def drive(replicas: list[Replica], token: str, *, route_pairs: int, admit_pairs:
         kill_after: kill -9 the first replica once this many pairs are done.
         duration_s: stop taking new pairs after this long (a throughput run).
     """
-    result = LoadResult()
+    result = ReplicaLoad()
     asyncio.run(_drive(replicas, token, route_pairs=route_pairs, admit_pairs=admit_pairs, workers=workers,
                        seed=seed, first_id=first_id, templates=templates or ["t00"], kill_after=kill_after,
                        duration_s=duration_s, result=result))

@@ -23,6 +23,7 @@ from sloctl.control.autoscaler import (
     autoscaler_for,
 )
 from sloctl.control.router import IconqRouter, Query, RoundRobinRouter, RouterGuard, StageCostRouter
+from sloctl.core.kinds import RouterKind
 from sloctl.datasets.tpc import Template
 from sloctl.datasets.workloads import base_workload
 from sloctl.models.metrics import q_error_summary
@@ -271,7 +272,7 @@ _ROUTERS = ("round-robin", "stage+cost", "iconq+cost")
 
 def _fresh_router(name: str, predictor: LatencyPredictor, table: pd.DataFrame, cfg: RouterExperimentConfig):
     """A new router of the experiment's approach ``name`` (fresh state: one per simulated run)."""
-    if name == "round-robin":
+    if name == RouterKind.ROUND_ROBIN:
         return RoundRobinRouter()
     if name == "stage+cost":
         return StageCostRouter(OnlinePredictor(predictor, table, use_iconq=False))

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sloctl.core.errors import FeatureError
+from sloctl.core.kinds import ModelKind
 from sloctl.datasets.interactions import FeatureScaler, neighbour_lists, pair_vectors, self_vectors
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, PLAN_FEATURES
 from sloctl.models.stage import StageModel
@@ -161,8 +162,8 @@ class LatencyPredictor:
         return frame.assign(**dict.fromkeys(hidden, np.nan))
 
     @property
-    def kind(self) -> str:
-        return "stage" if self.net is None else "iconq"
+    def kind(self) -> ModelKind:
+        return ModelKind.of(self)
 
     @property
     def slo_margin(self) -> float | None:

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sloctl.core.errors import SloctlError
+from sloctl.core.kinds import ModelKind
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION, FeatureScaler
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, plan_feature_version_on_read
 from sloctl.models.calibration import MarginCalibration
@@ -86,7 +87,7 @@ def load_predictor(folder: str | Path) -> LatencyPredictor:
         templates = pd.read_parquet(folder / meta["templates"])
     stage = StageModel.from_dict(meta["stage"])
     columns = tuple(meta["feature_columns"]) if "feature_columns" in meta else None
-    if meta["kind"] != "iconq":
+    if meta["kind"] != ModelKind.ICONQ:
         return LatencyPredictor(stage, plan_feature_version=version, calibration=calibration, templates=templates,
                                 feature_columns=columns)
     import torch

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sloctl.control.router import IconqRouter, RoundRobinRouter, RouterGuard, StageCostRouter
+from sloctl.core.kinds import RouterKind
 from sloctl.models.calibration import MarginCalibration, calibrate_slo_margin
 from sloctl.models.online import OnlinePredictor
 
@@ -76,7 +77,7 @@ class BuiltRouter:
 
     router: Any
     online: OnlinePredictor | None
-    kind: str
+    kind: RouterKind
     margin: MarginChoice | None
     cost_tolerance: float
     templates: pd.DataFrame | None
@@ -213,14 +214,14 @@ def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
     """
     table = router_templates(predictor, templates)
     if predictor is None or table is None:
-        return BuiltRouter(RoundRobinRouter(), None, "round-robin", None, router.cost_tolerance, table)
+        return BuiltRouter(RoundRobinRouter(), None, RouterKind.ROUND_ROBIN, None, router.cost_tolerance, table)
     if not use_iconq:
         online = OnlinePredictor(predictor, table, use_iconq=False)
-        return BuiltRouter(StageCostRouter(online), online, "stage", None, router.cost_tolerance, table)
+        return BuiltRouter(StageCostRouter(online), online, RouterKind.STAGE, None, router.cost_tolerance, table)
     margin = resolve_slo_margin(predictor, router, log=log, say=say)
     online = OnlinePredictor(predictor, table)
     guard = router_guard(predictor, router, margin)
     spread = violation_spread(predictor, router, margin)
     return BuiltRouter(IconqRouter(online, slo_margin=margin.slo_margin, cost_tolerance=router.cost_tolerance,
                                    guard=guard, violation_spread=spread, tie_break=router.tie_break),
-                       online, "iconq", margin, router.cost_tolerance, table, guard, spread)
+                       online, RouterKind.ICONQ, margin, router.cost_tolerance, table, guard, spread)

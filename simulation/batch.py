@@ -32,6 +32,7 @@ import numpy as np
 from sloctl.control.autoscaler import QueueTrigger, SpinupTrigger, autoscaler_for
 from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, Timeline
+from sloctl.core.kinds import RouterKind
 from sloctl.models.online import OnlinePredictor
 from sloctl.registry.bundles import load_predictor
 from sloctl.simulation.engine import WarehouseSimulator
@@ -202,14 +203,14 @@ class WarehouseRunner:
 
     def _router(self) -> tuple[Any, Callable[[Any], Any]]:
 
-        if self.router == "round-robin":
+        if self.router == RouterKind.ROUND_ROBIN:
             return RoundRobinRouter(), lambda model: RoundRobinRouter()
         folder = self._predictor_folder()
-        if self.router not in ("stage", "iconq") or folder is None or self.table is None:
+        if self.router not in (RouterKind.STAGE, RouterKind.ICONQ) or folder is None or self.table is None:
             raise ValueError(f"The 'router' parameter of WarehouseRunner must be 'round-robin', or 'stage'/'iconq' "
                              f"with predictor_dir and table; got {self.router!r}.")
-        model = OnlinePredictor(_load_predictor(folder), self.table, use_iconq=self.router == "iconq")
-        if self.router == "stage":
+        model = OnlinePredictor(_load_predictor(folder), self.table, use_iconq=self.router == RouterKind.ICONQ)
+        if self.router == RouterKind.STAGE:
             return StageCostRouter(model), StageCostRouter
 
         def make_router(m: Any) -> IconqRouter:
@@ -222,7 +223,7 @@ class WarehouseRunner:
         router, make_router = self._router()
         inner = None
         if config.autoscaler is not None:
-            if self.router == "round-robin":
+            if self.router == RouterKind.ROUND_ROBIN:
                 raise ValueError("A reactive autoscaler needs a model-based router ('stage' or 'iconq'); "
                                  "set ExecutionConfig.autoscaler=None to run a schedule with round-robin.")
             a = config.autoscaler

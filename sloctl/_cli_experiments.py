@@ -29,6 +29,24 @@ if TYPE_CHECKING:
 
 __all__ = ["experiment_app"]
 
+LiveDb = Annotated[Path | None, typer.Option("--db", help="With --live: the TPC-H database the (grading) log was "
+                                             "collected on (default: TPC-H SF 1 in warehouse.data_dir).")]
+
+RouterLive = Annotated[bool, typer.Option("--live", help="Run round-robin vs Iconq+ on live DuckDB clusters instead "
+                                          "(two size-1 clusters; --live-load, --live-kappa).")]
+Shadow = Annotated[bool, typer.Option("--shadow/--no-shadow", help="With --live: also run round-robin placements "
+                                      "with the router's inference (same CPU cost as the router).")]
+RouterLiveBudgets = Annotated[bool, typer.Option("--live-budgets/--live-pinned", help="With --live: sizes as CPU "
+                                                 "budgets (warehouse.size_unit_cores) beside the controller's "
+                                                 "reserved core, instead of whole pinned cores; the log should be "
+                                                 "collected the same way.")]
+BarsPlot = Annotated[Path | None, typer.Option("--plot", help="Also write bar charts of VR and cost per approach and "
+                                               "scenario to this PNG (e.g. reports/NAME.png).")]
+NoiseDraws = Annotated[int, typer.Option("--noise-draws", help="Run every approach this many times per scenario, "
+                                         "each with its own draw of the world's service-time noise (same "
+                                         "arrivals); reports the mean VR and how often one draw decides 'worse "
+                                         "than round-robin'.")]
+
 experiment_app = typer.Typer(help="AutoSLO experiments in simulation (emulated warehouse calibrated on a real log).",
                              no_args_is_help=True)
 
@@ -40,28 +58,20 @@ def experiment_router_cmd(
     model: str = typer.Option("models:/iconq@champion", help="Iconq+ model the routers use (its Stage too)."),
     copies: int = typer.Option(10, help="Copies of every template in BaseWorkload."),
     seed: int = typer.Option(0, help="Seed of workloads and service-time noise."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
-    live: bool = typer.Option(False, "--live", help="Run round-robin vs Iconq+ on live DuckDB clusters instead "
-                              "(two size-1 clusters; --live-load, --live-kappa)."),
-    db: Path | None = typer.Option(None, "--db", help="With --live: the TPC-H database the log was collected on "
-                                   "(default: TPC-H SF 1 in warehouse.data_dir)."),
+    as_json: Json = False,
+    live: RouterLive = False,
+    db: LiveDb = None,
     live_copies: int = typer.Option(2, help="With --live: copies of every template (--copies is for simulation)."),
     rounds: int = typer.Option(3, help="With --live: repetitions on seeds SEED, SEED+1, ... (order alternates)."),
     live_load: float = typer.Option(0.85, help="With --live: offered load as a fraction of the clusters' cores."),
     live_kappa: float = typer.Option(2.0, help="With --live: SLO multiplier κ."),
-    shadow: bool = typer.Option(True, "--shadow/--no-shadow", help="With --live: also run round-robin placements "
-                                "with the router's inference (same CPU cost as the router)."),
+    shadow: Shadow = True,
     live_clusters: str = typer.Option("1,1", help="With --live: the pool's cluster sizes, e.g. 2,1."),
-    live_budgets: bool = typer.Option(False, "--live-budgets/--live-pinned", help="With --live: sizes as CPU "
-                                      "budgets (warehouse.size_unit_cores) beside the controller's reserved core, "
-                                      "instead of whole pinned cores; the log should be collected the same way."),
+    live_budgets: RouterLiveBudgets = False,
     live_stage: bool = typer.Option(False, "--live-stage", help="With --live: also run the Stage+cost router."),
-    plot: Path | None = typer.Option(None, "--plot", help="Also write bar charts of VR and cost per approach and "
-                                     "scenario to this PNG (e.g. reports/NAME.png)."),
-    noise_draws: int = typer.Option(1, "--noise-draws", help="Run every approach this many times per scenario, each "
-                                    "with its own draw of the world's service-time noise (same arrivals); reports "
-                                    "the mean VR and how often one draw decides 'worse than round-robin'."),
-    config: Path | None = ConfigOption,
+    plot: BarsPlot = None,
+    noise_draws: NoiseDraws = 1,
+    config: Config = None,
 ) -> None:
     """Round-robin vs Stage+cost vs Iconq+ routing over 8 scenarios (λ × κ × clusters).
 
@@ -69,12 +79,10 @@ def experiment_router_cmd(
     routers, the same seeded arrivals, one fresh pool per router.
     """
     from sloctl._cli_common import load_cli_model
+    from sloctl.core.progress import progress as progress_bar
     from sloctl.experiments.warehouse import RouterExperimentConfig, router_experiment
 
-    if copies < 1:
-        raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--copies")
-    if noise_draws < 1:
-        raise typer.BadParameter(f"must be >= 1; got {noise_draws}", param_hint="--noise-draws")
+    at_least(1, copies=copies, noise_draws=noise_draws)
     cfg = load_cli_config(config)
     if live:
         pool = tuple((f"c{i}", size) for i, size in enumerate(parse_sizes(live_clusters, "--live-clusters")))
@@ -83,9 +91,6 @@ def experiment_router_cmd(
         return
     frame = read_logs(log)
     predictor = load_cli_model(model, cfg)
-
-    from sloctl.core.progress import progress as progress_bar
-
     router = cli_router(cfg, predictor, frame)
     experiment = RouterExperimentConfig(copies=copies, seed=seed, slo_margin=router.slo_margin,
                                         cost_tolerance=router.cost_tolerance, guard=router.guard,
@@ -105,7 +110,11 @@ def experiment_router_cmd(
                                       f"seed {seed})")
     if as_json:
         typer.echo(json.dumps(result))
-        return
+    else:
+        _echo_router(result)
+
+
+def _echo_router(result: dict) -> None:
     _report_errors(result)
     _report_guard(result)
     for approach, delta in result["mean_delta"].items():
@@ -172,21 +181,14 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
                             stage: bool = False, plot: Path | None = None) -> None:
     """``experiment router --live``: round-robin vs Iconq+ on live DuckDB clusters."""
     from sloctl._cli_common import load_cli_model
+    from sloctl.core.progress import progress as progress_bar
     from sloctl.experiments.live_warehouse import live_router_experiment
 
-    if copies < 1:
-        raise typer.BadParameter(f"must be >= 1; got {copies}", param_hint="--live-copies")
-    if rounds < 1:
-        raise typer.BadParameter(f"must be >= 1; got {rounds}", param_hint="--rounds")
-    for name, value in (("--live-load", load), ("--live-kappa", kappa)):
-        if not value > 0:
-            raise typer.BadParameter(f"must be > 0; got {value}", param_hint=name)
+    at_least(1, live_copies=copies, rounds=rounds)
+    positive(live_load=load, live_kappa=kappa)
     db = _live_db(db, cfg)
     frame = read_logs(log)
     predictor = load_cli_model(model, cfg)
-
-    from sloctl.core.progress import progress as progress_bar
-
     router = cli_router(cfg, predictor, frame)
     with progress_bar("experiment router --live", total=None) as bar:
         def progress(approach: str, done: int, total: int) -> None:
@@ -207,7 +209,11 @@ def _experiment_router_live(log: list[Path], model: str, db: Path | None, copies
         echo(f"wrote {plot_approach_bars(result['results'], plot, title=f'experiment router --live: {rounds} rounds')}")
     if as_json:
         typer.echo(json.dumps(result))
-        return
+    else:
+        _echo_router_live(result)
+
+
+def _echo_router_live(result: dict) -> None:
     for r in result["rounds"]:
         cells = "  ".join(f"{a} VR {o['vr']:.3f} cost {o['cost']:.1f}" for a, o in r["results"].items())
         typer.echo(f"round seed {r['seed']} ({r['n_queries']} queries): {cells}")
@@ -403,10 +409,26 @@ def _print_live(live: dict) -> None:
                        f"{server['p99_s'] * 1e3:.1f} ms inside the server")
 
 
+SplitCores = Annotated[bool, typer.Option("--live-split-cores/--live-shared-cores", help="With --live: run the load "
+                                          "generator and the server on separate cores (shared: both on every "
+                                          "core).")]
+
+
+def _admission_mixes(mixes: str) -> tuple[str, ...]:
+    from sloctl.experiments.admission import MIXES
+
+    mix_values = tuple(m.strip() for m in mixes.split(",") if m.strip())
+    unknown = [m for m in mix_values if m not in MIXES]
+    if unknown:
+        raise typer.BadParameter(f"expected mixes among {', '.join(MIXES)}; got {', '.join(unknown)}",
+                                 param_hint="--mixes")
+    return mix_values
+
+
 @experiment_app.command("admission")
 def experiment_admission_cmd(
     load_factor: float = typer.Option(2.0, help="Offered load of the overload comparison, x capacity."),
-    seed: int = typer.Option(0, help="Seed of arrivals and every controller."),
+    seed: Seed = 0,
     duration_s: float = typer.Option(0.2, help="Simulated seconds of the overload comparison (first quarter: "
                                      "warm-up)."),
     loads: str = typer.Option("1,2,3,4,5,6", help="Loads of the sweep, x capacity, comma-separated."),
@@ -424,35 +446,21 @@ def experiment_admission_cmd(
     live_duration_s: float = typer.Option(60.0, help="With --live: seconds of load per control and seed."),
     live_seeds: int = typer.Option(3, help="With --live: seeds SEED, SEED+1, ..."),
     live_mem_mb: int = typer.Option(1024, help="With --live: MiB of each array /mem copies."),
-    live_split_cores: bool = typer.Option(True, "--live-split-cores/--live-shared-cores",
-                                          help="With --live: run the load generator and the server on separate "
-                                               "cores (shared: both on every core, the rule before 2026-12-03)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    live_split_cores: SplitCores = True,
+    as_json: Json = False,
 ) -> None:
     """Svalinn vs none, single-queue, SEDA and Protego, graded against the goodput bound (simulated; --live too)."""
-    if not load_factor > 0:
-        raise typer.BadParameter(f"must be > 0; got {load_factor}", param_hint="--load-factor")
-    for option, value in (("--duration-s", duration_s), ("--sweep-duration-s", sweep_duration_s),
-                          ("--live-duration-s", live_duration_s)):
-        if not value > 0:
-            raise typer.BadParameter(f"must be > 0; got {value}", param_hint=option)
-    for option, value, low in (("--bandit-seeds", bandit_seeds, 0), ("--live-seeds", live_seeds, 1),
-                               ("--live-mem-mb", live_mem_mb, 1)):
-        if value < low:
-            raise typer.BadParameter(f"must be >= {low}; got {value}", param_hint=option)
+    from sloctl.core.progress import progress as progress_bar
+
+    positive(load_factor=load_factor, duration_s=duration_s, sweep_duration_s=sweep_duration_s,
+             live_duration_s=live_duration_s)
+    at_least(0, bandit_seeds=bandit_seeds)
+    at_least(1, live_seeds=live_seeds, live_mem_mb=live_mem_mb)
     if no_sim and not live:
         raise typer.BadParameter("--no-sim needs --live", param_hint="--no-sim")
-    load_values = _admission_floats(loads, "--loads")
-    from sloctl.experiments.admission import MIXES
-
-    mix_values = tuple(m.strip() for m in mixes.split(",") if m.strip())
-    unknown = [m for m in mix_values if m not in MIXES]
-    if unknown:
-        raise typer.BadParameter(f"expected mixes among {', '.join(MIXES)}; got {', '.join(unknown)}",
-                                 param_hint="--mixes")
+    load_values, mix_values = _admission_floats(loads, "--loads"), _admission_mixes(mixes)
     result: dict = {}
     if not no_sim:
-        from sloctl.core.progress import progress as progress_bar
         from sloctl.experiments.admission import admission_experiment, plot_admission
 
         echo(f"running 5 approaches at {load_factor:g}x, the sweep ({len(mix_values)} mixes x {len(load_values)} "
@@ -467,7 +475,6 @@ def experiment_admission_cmd(
             for path in plot_admission(result, plots):
                 echo(f"wrote {path}")
     if live:
-        from sloctl.core.progress import progress as progress_bar
         from sloctl.experiments.admission_live import live_experiment
 
         echo(f"live: measuring the machine, then 3 controls x {live_seeds} seeds x {live_duration_s:g} s ...")
@@ -478,7 +485,11 @@ def experiment_admission_cmd(
     if as_json:
         typer.echo(json.dumps(result, default=float))
         return
-    if not no_sim:
+    _print_admission(result, sim=not no_sim, live=live)
+
+
+def _print_admission(result: dict, *, sim: bool, live: bool) -> None:
+    if sim:
         _print_admission_sim(result)
     if live:
         _print_live(result["live"])
@@ -593,11 +604,10 @@ def experiment_history_cmd(
     log: list[Path] = typer.Option([], "--log", "-l", help="Query log calibrating the emulated world (default: "
                                    f"reports/bench_latency_log.parquet). {SEVERAL_LOGS_HELP}"),
     instances: str = typer.Option("", help="Comma-separated instance ids (default: the densest with history)."),
-    seed: int = typer.Option(0),
+    seed: Seed = 0,
     quick: bool = typer.Option(False, help="One instance, smaller tuning (seconds)."),
-    spinups_only: bool = typer.Option(False, "--spinups-only",
-                                      help="Ablation: schedule spin-ups only, without the Configuration Tuner."),
-    as_json: bool = typer.Option(False, "--json"),
+    spinups_only: SpinupsOnly = False,
+    as_json: Json = False,
     grade_log: list[Path] = typer.Option([], "--grade-log", help="Re-grade: a held-out log (neither the model nor "
                                          "--log); grade in its world, service demand drawn from its isolated runs. "
                                          f"{SEVERAL_LOGS_HELP}"),
@@ -618,7 +628,34 @@ def experiment_history_cmd(
     """
     import contextlib
 
+    from sloctl.core.progress import progress as progress_bar
     from sloctl.experiments.history import DEFAULT_LOG, run_table5
+
+    ids = _history_inputs(instances, reactive, tau, log)
+    regrade = {}
+    with contextlib.ExitStack() as stack:
+        if grade_log:
+            _held_out_or_exit(log or [DEFAULT_LOG], grade_log, allow_same_log, "--log")
+            regrade["grade_log"] = read_logs(grade_log, "--grade-log")
+        if reactive == "iconq":
+            cfg = load_cli_config(config)
+            regrade.update(reactive="iconq", model_dir=_model_folder(model, cfg, stack), router=cfg.router)
+        with progress_bar("experiment history: cells", total=None) as bar:
+            result = run_table5(hourly, read_logs(log) if log else None, instances=ids, seed=seed, quick=quick,
+                                tune_knobs=not spinups_only, tau_target=tau, on_progress=bar.callback(), **regrade)
+    if as_json:
+        typer.echo(json.dumps(result, default=float))
+    else:
+        _echo_history(result)
+
+
+SpinupsOnly = Annotated[bool, typer.Option("--spinups-only", help="Ablation: schedule spin-ups only, without the "
+                                           "Configuration Tuner.")]
+
+
+def _history_inputs(instances: str, reactive: str, tau: float | None, log: list[Path]) -> list[int] | None:
+    """Check ``experiment history``'s options; the instance ids (``None``: the densest)."""
+    from sloctl.experiments.history import DEFAULT_LOG
 
     try:
         ids = [int(x) for x in instances.split(",") if x.strip()] or None
@@ -633,22 +670,10 @@ def experiment_history_cmd(
         raise typer.BadParameter(f"no query log named and the default {DEFAULT_LOG} does not exist; collect one "
                                  "(`sloctl collect ... --out FILE`, or `make bench`) and pass --log FILE",
                                  param_hint="--log")
-    regrade = {}
-    with contextlib.ExitStack() as stack:
-        if grade_log:
-            _held_out_or_exit(log or [DEFAULT_LOG], grade_log, allow_same_log, "--log")
-            regrade["grade_log"] = read_logs(grade_log, "--grade-log")
-        if reactive == "iconq":
-            cfg = load_cli_config(config)
-            regrade.update(reactive="iconq", model_dir=_model_folder(model, cfg, stack), router=cfg.router)
-        from sloctl.core.progress import progress as progress_bar
+    return ids
 
-        with progress_bar("experiment history: cells", total=None) as bar:
-            result = run_table5(hourly, read_logs(log) if log else None, instances=ids, seed=seed, quick=quick,
-                                tune_knobs=not spinups_only, tau_target=tau, on_progress=bar.callback(), **regrade)
-    if as_json:
-        typer.echo(json.dumps(result, default=float))
-        return
+
+def _echo_history(result: dict) -> None:
     for row in result["rows"]:
         typer.echo("  ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()
                              if not isinstance(v, dict | list)))
@@ -697,8 +722,6 @@ def _model_folder(model: str, cfg: SloctlConfig, stack) -> str:
     return folder
 
 
-LiveDb = Annotated[Path | None, typer.Option("--db", help="With --live: the TPC-H database the grading log was "
-                                             "collected on (default: TPC-H SF 1 in warehouse.data_dir).")]
 LiveKappa = Annotated[float, typer.Option(help="With --live: the scenario's κ (one the simulation ran).")]
 LiveTimeScale = Annotated[float | None, typer.Option(help="With --live: live seconds per simulated second "
                                                      "(default: 1, or less so that the day lasts --live-max-day-s; "

@@ -15,6 +15,7 @@ from sloctl._cli_common import (
     load_cli_config,
     read_logs_with_metadata,
 )
+from sloctl.core.kinds import ModelKind
 
 __all__ = ["evaluate_app", "predict_cmd", "train_app", "tune_app"]
 
@@ -365,7 +366,7 @@ def _tune(model: str, log: list[Path], trials: int, storage: str | None, study_n
     import time
 
     from sloctl.core.progress import format_duration
-    from sloctl.training.tune import best_config, tune
+    from sloctl.training.tune import tune
 
     if trials < 1:
         raise typer.BadParameter(f"must be >= 1; got {trials}", param_hint="--trials")
@@ -394,10 +395,20 @@ def _tune(model: str, log: list[Path], trials: int, storage: str | None, study_n
     if not apply:
         _print_tune(summary, as_json)
         return
+    summary["applied"] = _apply_best(model, result, frame, cfg, describe_logs(log), metadata, name, as_json)
+    _print_tune(summary, as_json)
+
+
+def _apply_best(model: str, result, frame, cfg, log_path: str, metadata: dict, name: str | None,
+                as_json: bool) -> dict:
+    """``--apply``: train ``model`` with the study's best parameters and register it; what the JSON says."""
+    from sloctl.registry.store import register as register_model
+    from sloctl.training.tune import best_config
+
     best = best_config(model, result.best_params, cfg, max_epochs=result.max_epochs)
     echo(f"--apply: training {model} with the best parameters of study {result.study_name!r} "
          f"({result.objective} {result.best_value:.4f})")
-    if model == "stage":
+    if model == ModelKind.STAGE:
         from sloctl.training.pipeline import train_stage
 
         trained = train_stage(frame, best.stage, val_fraction=best.iconq.val_fraction,
@@ -410,16 +421,12 @@ def _tune(model: str, log: list[Path], trials: int, storage: str | None, study_n
                                                                                        f"val_loss {v:.4f}"),
                               risk_quantile=best.router.risk_quantile)
     _print_metrics(f"{model} with the best parameters of {result.study_name}", trained.metrics, err=as_json)
-    from sloctl.registry.store import register as register_model
-
     reg = register_model(trained, frame, name=name or model, tracking_uri=cfg.registry.tracking_uri,
-                         experiment=cfg.registry.experiment, log_path=describe_logs(log), log_metadata=metadata,
+                         experiment=cfg.registry.experiment, log_path=log_path, log_metadata=metadata,
                          extra_tags={"study_name": result.study_name, "tune_run_id": result.mlflow_run_id or ""})
     echo(f"Registered {reg.name} v{reg.version} (run {reg.run_id}); champion: {reg.champion} — {reg.reason}.")
-    summary["applied"] = {"name": reg.name, "version": reg.version, "run_id": reg.run_id, "champion": reg.champion,
-                          "reason": reg.reason, **{split: trained.metrics[f"{split}_q_error_p90"]
-                                                   for split in ("val", "test")}}
-    _print_tune(summary, as_json)
+    return {"name": reg.name, "version": reg.version, "run_id": reg.run_id, "champion": reg.champion,
+            "reason": reg.reason, **{split: trained.metrics[f"{split}_q_error_p90"] for split in ("val", "test")}}
 
 
 @train_app.command("admission")

@@ -346,7 +346,12 @@ def import_executions_cmd(
     if as_json:
         typer.echo(json.dumps({"out": None if dry_run else str(out), "dry_run": dry_run, "rows": len(result.log),
                                **report.to_dict()}, default=str))
-        return
+    else:
+        typer.echo(_import_summary(report, len(result.log), out, dry_run))
+
+
+def _import_summary(report, rows: int, out: Path, dry_run: bool) -> str:
+    """What an import read, kept, censored and refused, how columns and time were understood."""
     lines = [f"{report.format} ({report.dialect} SQL), {len(report.files)} file(s): read {report.read}, imported "
              f"{report.imported}, censored {report.censored} (timeouts), refused {report.refused}"]
     lines += [f"  refused {v['count']}: {k} (first: row {v['first_row']} of {v['file']})"
@@ -357,8 +362,8 @@ def import_executions_cmd(
               f"({report.parse_failures['fingerprints']} fingerprints)"]
     lines += [f"  cluster {name}: {c['queries']} queries, at most {c['max_concurrent']} at once, "
               f"{c['mean_concurrent']:.2f} on average" for name, c in report.concurrency.items()]
-    lines.append("dry run: nothing written." if dry_run else f"Wrote {len(result.log)} rows to {out}.")
-    typer.echo("\n".join(lines))
+    lines.append("dry run: nothing written." if dry_run else f"Wrote {rows} rows to {out}.")
+    return "\n".join(lines)
 
 
 @log_app.command("validate")

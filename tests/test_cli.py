@@ -25,6 +25,7 @@ def test_help_starts_without_heavy_imports():
     assert "HEAVY []" in out.stdout
 
 
+@pytest.mark.slow
 def test_collect_writes_a_valid_log_and_same_seed_repeats(tmp_path, run_sloctl):
     args = ["collect", "--benchmark", "tpch", "--sf", "0.01", "--sizes", "1", "--workload", "base",
             "--rate", "40", "--copies", "1", "--seed", "7", "--data-dir", str(tmp_path / "data")]

@@ -56,6 +56,7 @@ def test_log_merge_refuses_bad_input_in_one_line(parts, tmp_path, run_sloctl):
     assert not (tmp_path / "m.parquet").exists()
 
 
+@pytest.mark.slow
 def test_several_logs_train_exactly_like_their_merged_file(parts, tmp_path, run_sloctl):
     merged = tmp_path / "merged.parquet"
     assert run_sloctl("log", "merge", parts / "a.parquet", parts / "b.parquet", "--out", merged).returncode == 0

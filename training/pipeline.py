@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sloctl.core.errors import QueryLogError
+from sloctl.core.kinds import ModelKind
 from sloctl.datasets.analysis import overlap_counts
 from sloctl.datasets.interactions import FeatureScaler, build_samples, self_vectors
 from sloctl.datasets.querylog import COLUMNS, template_table
@@ -45,7 +46,7 @@ OBJECTIVES = {"stage": "val_isolated_q_error_p90", "iconq": "val_q_error_p90"}
 def objective_of(model: str, stage: StageConfig | None = None) -> str:
     """The metric ``model`` is selected and tuned on: Stage trained on every execution (``train_on: all``)
     is judged on every validation execution, not only the isolated ones."""
-    if model == "stage" and stage is not None and stage.train_on == "all":
+    if model == ModelKind.STAGE and stage is not None and stage.train_on == "all":
         return "val_q_error_p90"
     return OBJECTIVES[model]
 

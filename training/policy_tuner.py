@@ -40,7 +40,7 @@ from sloctl.control.billing import best_with_target
 from sloctl.control.scheduler import ExecutionConfig, ScheduleResult, schedule_spinups
 from sloctl.core.errors import ConfigError
 
-__all__ = ["STRATEGIES", "SearchSpace", "Trial", "TuneResult", "PolicyResult", "apply_knobs", "tune_knobs",
+__all__ = ["STRATEGIES", "SearchSpace", "Trial", "KnobTuning", "PolicyResult", "apply_knobs", "tune_knobs",
            "tune_policy"]
 
 STRATEGIES = ("grid", "random", "coordinate", "adaptive", "optuna")
@@ -178,7 +178,7 @@ class Trial:
 
 
 @dataclass
-class TuneResult:
+class KnobTuning:
     """What :func:`tune_knobs` found: the winner on validation, its top-k rivals and every trial."""
 
     best: ExecutionConfig
@@ -201,7 +201,7 @@ class PolicyResult:
 
     best: ExecutionConfig
     best_validation: tuple[float, float]
-    tuning: TuneResult
+    tuning: KnobTuning
     schedule: ScheduleResult
     order: str
     extra: dict[str, Any] = field(default_factory=dict)
@@ -377,7 +377,7 @@ _STRATEGIES = {"grid": _grid, "random": _random, "coordinate": _coordinate, "ada
 
 def tune_knobs(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any], validation: Sequence[Any],
                strategy: str = "adaptive", budget: int = 20, top_k: int = 3, tau_target: float = 0.05,
-               seed: int = 0, base: ExecutionConfig | None = None, **options: Any) -> TuneResult:
+               seed: int = 0, base: ExecutionConfig | None = None, **options: Any) -> KnobTuning:
     """Configuration Tuner (§7.5): search knobs on training workloads, pick among the top-k on validation.
 
     Args:
@@ -397,7 +397,7 @@ def tune_knobs(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any], 
             (adaptive, optuna), ``radius``, ``shrink``, ``patience`` (adaptive).
 
     Returns:
-        :class:`TuneResult`, trials in evaluation order.
+        :class:`KnobTuning`, trials in evaluation order.
     """
     space.validate()
     if strategy not in _STRATEGIES:
@@ -421,7 +421,7 @@ def tune_knobs(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any], 
     for t, v in zip(top, validated, strict=True):
         t.validation = v
     winner = top[best_with_target(validated, tau_target)]
-    return TuneResult(winner.config, dict(winner.params), winner.train, winner.validation, top, search.trials,
+    return KnobTuning(winner.config, dict(winner.params), winner.train, winner.validation, top, search.trials,
                       strategy, budget)
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sloctl.core.errors import SloctlError
+from sloctl.core.kinds import ModelKind
 from sloctl.registry.store import connect
 from sloctl.training.pipeline import OBJECTIVES, data_hash, objective_of, train_iconq, train_stage
 
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from sloctl.models.stage import StageConfig
 
 
-class SloctlConfig(Protocol):
+class StudyConfig(Protocol):
     """The sections a study reads (a :class:`sloctl.config.SloctlConfig` has them)."""
 
     stage: StageConfig
@@ -53,7 +54,7 @@ class SloctlConfig(Protocol):
     registry: RegistrySection
 
 
-__all__ = ["StudyDataError", "TrialReport", "TuneResult", "best_config", "tune"]
+__all__ = ["StudyDataError", "TrialReport", "StudyResult", "best_config", "tune"]
 
 _DATA = "data_hash"
 _PARENT = "mlflow_parent_run_id"
@@ -92,7 +93,7 @@ class TrialReport:
 
 
 @dataclass
-class TuneResult:
+class StudyResult:
     """The study after this call."""
 
     study_name: str
@@ -116,7 +117,7 @@ def _iconq_config(base: IconqSection, params: dict[str, Any], max_epochs: int) -
     return dataclasses.replace(base, max_epochs=max_epochs, **{k: params[k] for k in keys if k in params})
 
 
-def _stage_trial(trial: Any, log: pd.DataFrame, cfg: SloctlConfig) -> float:
+def _stage_trial(trial: Any, log: pd.DataFrame, cfg: StudyConfig) -> float:
     from optuna_integration import LightGBMPruningCallback
 
     trial.suggest_int("n_estimators", 50, 600, log=True)
@@ -133,7 +134,7 @@ def _stage_trial(trial: Any, log: pd.DataFrame, cfg: SloctlConfig) -> float:
     return result.metrics[objective_of("stage", stage)]
 
 
-def _iconq_trial(trial: Any, log: pd.DataFrame, cfg: SloctlConfig, max_epochs: int) -> float:
+def _iconq_trial(trial: Any, log: pd.DataFrame, cfg: StudyConfig, max_epochs: int) -> float:
     from optuna_integration import PyTorchLightningPruningCallback
 
     trial.suggest_categorical("hidden_dim", [32, 64, 128])
@@ -154,9 +155,9 @@ def best_config(model: str, params: dict[str, Any], cfg: Any, *, max_epochs: int
     What ``sloctl tune ... --apply`` trains with: the parameters a study
     found, the rest of the configuration as given.
     """
-    if model == "stage":
+    if model == ModelKind.STAGE:
         return dataclasses.replace(cfg, stage=_stage_config(cfg.stage, params))
-    if model == "iconq":
+    if model == ModelKind.ICONQ:
         epochs = cfg.iconq.max_epochs if max_epochs is None else max_epochs
         return dataclasses.replace(cfg, iconq=_iconq_config(cfg.iconq, params, epochs))
     raise ValueError(f"The 'model' parameter must be 'stage' or 'iconq', got {model!r}.")
@@ -186,7 +187,7 @@ def _bind(study: Any, model: str, log_hash: str, log_path: str, max_epochs: int,
     if attrs.get("objective", objective) != objective:
         raise StudyDataError(f"Study {name!r} in {storage} minimises {attrs['objective']}, not {objective} "
                              f"(stage.train_on changed); use a new study (--study-name {name}-{objective}).")
-    if model == "iconq" and attrs.get("max_epochs", max_epochs) != max_epochs:
+    if model == ModelKind.ICONQ and attrs.get("max_epochs", max_epochs) != max_epochs:
         raise StudyDataError(f"Study {name!r} in {storage} ran its trials with --max-epochs "
                              f"{attrs['max_epochs']}, not {max_epochs}; use the same limit or a new study.")
 
@@ -210,10 +211,10 @@ def _parent_run(mlflow: Any, study: Any, model: str, log_hash: str) -> Any:
     return run
 
 
-def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, storage: str, study_name: str,
+def tune(model: str, log: pd.DataFrame, cfg: StudyConfig, *, trials: int, storage: str, study_name: str,
          seed: int = 0, max_epochs: int = 30, log_to_mlflow: bool = True,
          on_trial: Callable[[TrialReport], None] | None = None, log_path: str = "", pruner: Any = None
-         ) -> TuneResult:
+         ) -> StudyResult:
     """Run ``trials`` more trials of the ``model`` study (created or resumed).
 
     Args:
@@ -257,7 +258,7 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
     study.sampler = TrialSeededSampler(seed)
 
     def objective(trial: Any) -> float:
-        if model == "stage":
+        if model == ModelKind.STAGE:
             return _stage_trial(trial, log, cfg)
         return _iconq_trial(trial, log, cfg, max_epochs)
 
@@ -300,10 +301,10 @@ def tune(model: str, log: pd.DataFrame, cfg: SloctlConfig, *, trials: int, stora
         if log_to_mlflow:
             mlflow.end_run()
     # n_new: the trials this call ran (other workers on the same study add trials too)
-    return TuneResult(study_name=study_name, n_trials=len(study.trials), n_new=done[0],
+    return StudyResult(study_name=study_name, n_trials=len(study.trials), n_new=done[0],
                       best_value=study.best_value, best_params=study.best_params, mlflow_run_id=run_id,
                       objective=objective_name, data_hash=log_hash,
-                      max_epochs=max_epochs if model == "iconq" else None)
+                      max_epochs=max_epochs if model == ModelKind.ICONQ else None)
 
 
 def _log_trial(mlflow: Any, trial: Any, objective_name: str, tags: dict[str, str]) -> None:

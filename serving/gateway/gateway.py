@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sloctl.control.attempts import AttemptOutcome, after_attempt
 from sloctl.control.managed import ManagedPool, ScalingAction
 from sloctl.control.placement import GatewayRouter, LeastQueuedRouter, RandomRouter
 from sloctl.control.policies import AdmissionPolicy, RetryPolicy
@@ -817,24 +818,24 @@ class Gateway:
             self._finish(q, end, None, q.outcome)
             return
         err = _query_error(done.error) if done.status == "error" else None
-        if err is not None:  # the query's own fault: retrying elsewhere cannot help
-            self.counts["memory_exceeded"] += err.name == "EXCEEDED_LOCAL_MEMORY_LIMIT"
-            self._finish(q, end, err, q.outcome)
-            return
         run_time = self.policy.run_time_s(q.klass)
-        if done.status == "timeout" and now - q.submitted_s >= run_time - 1e-2:
-            self.counts["run_time_exceeded"] += 1
-            self._finish(q, end, error("EXCEEDED_TIME_LIMIT", (
-                f"Query exceeded the maximum run time of {run_time:g} s (class {q.klass!r}, max_run_time_s); "
-                f"it was cancelled on cluster {cid} and is not retried.")), q.outcome)
-            return
         k = self.policy.klass(q.klass).retries if self.options.retries else 0
         streamed = q.streaming_attempt is not None  # rows may have reached the client: no retry
-        if retry and not streamed and len(q.attempts) <= k and not self.draining:
+        outcome = after_attempt(done.status, query_fault=err is not None, elapsed_s=now - q.submitted_s,
+                                max_run_time_s=run_time, attempts=len(q.attempts), retry_limit=k, streamed=streamed,
+                                may_retry=retry and not self.draining)
+        if outcome == AttemptOutcome.QUERY_FAULT:  # retrying elsewhere cannot help
+            self.counts["memory_exceeded"] += err.name == "EXCEEDED_LOCAL_MEMORY_LIMIT"
+        elif outcome == AttemptOutcome.RUN_TIME_EXCEEDED:
+            self.counts["run_time_exceeded"] += 1
+            err = error("EXCEEDED_TIME_LIMIT", (
+                f"Query exceeded the maximum run time of {run_time:g} s (class {q.klass!r}, max_run_time_s); "
+                f"it was cancelled on cluster {cid} and is not retried."))
+        elif outcome == AttemptOutcome.RETRY:
             self.counts["retries"] += 1
             self._place(q, now, exclude=frozenset({cid}))
             return
-        if done.status == "timeout":
+        elif outcome == AttemptOutcome.TIMED_OUT:
             err = error("EXCEEDED_TIME_LIMIT", (
                 f"Query exceeded the attempt timeout of {self.policy.timeout_s(q.klass):g} s on cluster {cid} "
                 f"after {len(q.attempts)} attempt(s) (class {q.klass!r} retries at most {k} time(s))."))

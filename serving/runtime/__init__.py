@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["Runtime", "RuntimeError_"]
+__all__ = ["Runtime", "RequestRefused"]
 
 
 def __getattr__(name: str) -> Any:

@@ -40,10 +40,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloctl.control.credits import CreditController, LeaseError
+from sloctl.core.kinds import ModelKind, RouterKind
 from sloctl.serving.front import PROBLEM_JSON, FrontDoor, FrontSettings, check_token, problem
 from sloctl.serving.runtime.admission import AdmissionMiddleware, AdmissionSettings
 from sloctl.serving.runtime.envoy import envoy_route_config
-from sloctl.serving.runtime.runtime import Runtime, RuntimeError_
+from sloctl.serving.runtime.runtime import RequestRefused, Runtime, RuntimeConfig
 
 __all__ = ["MAX_NEIGHBOURS", "create_app"]
 
@@ -399,7 +400,7 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": Problem, "description": why[code]} for code in codes}
 
 
-def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: str | None = None,
+def create_app(cfg: RuntimeConfig, *, token: str | None, templates: Any = None, state_db: str | None = None,
                watch: bool = True, clock: Any = None) -> Any:
     """The ASGI app (wrapped in the self-protecting admission middleware).
 
@@ -454,8 +455,8 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
 
     auth = [Depends(require_token)]
 
-    @app.exception_handler(RuntimeError_)
-    async def refused(request: Request, exc: RuntimeError_) -> JSONResponse:
+    @app.exception_handler(RequestRefused)
+    async def refused(request: Request, exc: RequestRefused) -> JSONResponse:
         return _error(exc.status, str(exc), exc.field)
 
     @app.exception_handler(_Unauthorized)
@@ -485,11 +486,11 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
     @app.post("/v1/predict", response_model=PredictOut, responses=_errors(408, 413, 422, 503))
     def predict(body: PredictBody) -> dict[str, Any]:
         if len(body.neighbours) > serve.predict_max_neighbours:
-            raise RuntimeError_(f"at most {serve.predict_max_neighbours} neighbours (serve.predict_max_neighbours), "
+            raise RequestRefused(f"at most {serve.predict_max_neighbours} neighbours (serve.predict_max_neighbours), "
                                 f"got {len(body.neighbours)}", field="neighbours")
         rt = runtime()
         kind = rt.latency_model()
-        if kind == "round-robin":
+        if kind == RouterKind.ROUND_ROBIN:
             metrics.decisions.labels("predict", "no_model").inc()
             return {"latency_s": None, "isolated_latency_s": None, "model": None, "fallback": True,
                     "note": "no latency model is loaded (or no template table: no templates_log and none in "
@@ -501,7 +502,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
         latency = float(predictor.predict(frame, neighbours="all")[0])
         metrics.decisions.labels("predict", "ok").inc()
         return {"latency_s": latency, "isolated_latency_s": float(predictor.stage.predict(frame)[0]), "model": kind,
-                "model_version": rt.slots[kind].version, "fallback": kind != "iconq"}
+                "model_version": rt.slots[kind].version, "fallback": kind != ModelKind.ICONQ}
 
     # route and complete run on the event loop, like admit: they hold the runtime's lock throughout anyway, and a
     # worker-thread hop per call costs more CPU than the decision itself when replicas share a machine's cores
@@ -543,7 +544,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
     async def admit(body: AdmitBody) -> dict[str, Any]:
         rt = runtime()
         if body.ttl_s is not None and body.ttl_s > serve.lease_max_ttl_s:
-            raise RuntimeError_(f"ttl_s must be at most {serve.lease_max_ttl_s} (serve.lease_max_ttl_s), got "
+            raise RequestRefused(f"ttl_s must be at most {serve.lease_max_ttl_s} (serve.lease_max_ttl_s), got "
                                 f"{body.ttl_s}", field="ttl_s")
         with rt.admission_lock:
             _check_class(rt, body.klass)
@@ -566,7 +567,7 @@ def create_app(cfg: Any, *, token: str | None, templates: Any = None, state_db: 
                                           within_slo=body.within_slo)
             except LeaseError as exc:
                 status, field = (409, "holder") if exc.reason == "holder" else (404, "lease_id")
-                raise RuntimeError_(str(exc), status=status, field=field) from None
+                raise RequestRefused(str(exc), status=status, field=field) from None
             return {"released": True, "lease_id": lease.lease_id, "class": lease.klass,
                     "in_flight": rt.admission.in_flight}
 
@@ -688,7 +689,7 @@ class _Unauthorized(Exception):
 def _check_class(rt: Runtime, klass: str) -> None:
     known = [c.name for c in rt.admission.classes] if rt.admission.classes else None
     if known and klass not in known:
-        raise RuntimeError_(f"unknown class {klass!r} (classes: {', '.join(known)})", field="class")
+        raise RequestRefused(f"unknown class {klass!r} (classes: {', '.join(known)})", field="class")
 
 
 def _what_if(templates: Any, body: PredictBody) -> Any:

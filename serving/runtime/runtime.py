@@ -61,7 +61,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -69,18 +69,28 @@ from sloctl.control.credits import ClassShare, CreditController, LeasedCredits
 from sloctl.control.managed import ManagedPool, RunningQuery
 from sloctl.control.policies import AdmissionPolicy, ExecutionPlan, RetryPolicy
 from sloctl.control.router import ClusterState, Query
+from sloctl.core.config import RegistrySection, RouterSection, ServeSection, StateSection
 from sloctl.core.kinds import RouterKind
 from sloctl.serving.controller import LATENCY, Controller, ModelSlot
 from sloctl.serving.runtime.execution import PlanEnactor
 from sloctl.serving.runtime.state import SqliteStateStore, StateStore
 from sloctl.serving.runtime.state_redis import RedisStateStore
 
-__all__ = ["RESERVED_PREFIX", "Runtime", "RuntimeError_", "open_state_store"]
+__all__ = ["RESERVED_PREFIX", "RequestRefused", "Runtime", "RuntimeConfig", "open_state_store"]
 
 RESERVED_PREFIX = "_"  # cluster ids starting with it are the runtime's own (``_retired``): never a path's
 
 
-class RuntimeError_(ValueError):
+class RuntimeConfig(Protocol):
+    """The sections the runtime reads (a :class:`sloctl.config.SloctlConfig` has them)."""
+
+    serve: ServeSection
+    state: StateSection
+    registry: RegistrySection
+    router: RouterSection
+
+
+class RequestRefused(ValueError):
     """A request the runtime refuses (unknown template, cluster or query); the HTTP layer answers 4xx."""
 
     def __init__(self, message: str, *, status: int = 422, field: str | None = None) -> None:
@@ -140,7 +150,7 @@ class _Running:
 class Runtime:
     """All state behind the HTTP endpoints (see the module docstring)."""
 
-    cfg: Any
+    cfg: RuntimeConfig
     templates: Any  # pandas DataFrame (serve.templates_log): overrides the bundles' template tables; or None
     state_db: str
     stale_after_s: float = 3600.0
@@ -517,7 +527,7 @@ class Runtime:
         table = self.route_templates if kind is None else self.templates_for(kind)
         if table is not None and template not in table["template"].to_numpy():
             known = ", ".join(sorted(table["template"].unique())[:8])
-            raise RuntimeError_(f"unknown template {template!r} (known: {known}, ...)", field="template")
+            raise RequestRefused(f"unknown template {template!r} (known: {known}, ...)", field="template")
 
     @property
     def clusters(self) -> dict[str, ClusterState]:
@@ -535,7 +545,7 @@ class Runtime:
         asked = first.pop("request", None)
         if asked is not None and asked != request:
             said = ", ".join(f"{k} {v!r}" for k, v in asked.items())
-            raise RuntimeError_(f"query {query_id} was {'routed' if 'template' in asked else 'completed'} already "
+            raise RequestRefused(f"query {query_id} was {'routed' if 'template' in asked else 'completed'} already "
                                 f"with {said}; a repeated call must name the same", status=409, field="query_id")
         return first
 
@@ -548,7 +558,7 @@ class Runtime:
                 if first is not None:
                     return self._first_answer(first, query_id, template=template, slo_s=slo_s)
                 if query_id in self.pool.running:  # running from before answers were kept
-                    raise RuntimeError_(f"query {query_id} is already running", status=409, field="query_id")
+                    raise RequestRefused(f"query {query_id} is already running", status=409, field="query_id")
             if self.router_kind != RouterKind.ROUND_ROBIN:
                 self.check_template(template)
             now = self.now_s()
@@ -556,7 +566,7 @@ class Runtime:
             if leads:
                 self.enactor.tick(now)  # scheduled spin-ups due by now, clusters now ready
             if not self.pool.routable(now):
-                raise RuntimeError_("the pool has no ready cluster to route to", status=409)
+                raise RequestRefused("the pool has no ready cluster to route to", status=409)
             query = Query(query_id, template, now, slo_s)
             if self.pool.autoscaler is not None and leads:  # the reactive autoscaler at this arrival, as in simulation
                 self.pool.scale(query, now)
@@ -604,7 +614,7 @@ class Runtime:
                 if self._absorb(events):
                     self._catch_up()
                 if outcome == "unknown":
-                    raise RuntimeError_(f"query {query_id} is not running", status=404, field="query_id")
+                    raise RequestRefused(f"query {query_id} is not running", status=404, field="query_id")
                 if outcome == "repeat":
                     return self._first_answer(answer, query_id, latency_s=latency_s, status=status)
                 self.completed, self.violations = counters
@@ -616,7 +626,7 @@ class Runtime:
                     first = self.store.done(query_id)
                     if first is not None:
                         return self._first_answer(first, query_id, latency_s=latency_s, status=status)
-                    raise RuntimeError_(f"query {query_id} is not running", status=404, field="query_id")
+                    raise RequestRefused(f"query {query_id} is not running", status=404, field="query_id")
                 r = self.pool.complete(query_id, now)
                 violated = status != "ok" or latency_s > r.query.slo_s
                 self.completed += 1
@@ -642,7 +652,7 @@ class Runtime:
     @staticmethod
     def _check_name(cluster_id: str) -> None:
         if cluster_id.startswith(RESERVED_PREFIX):
-            raise RuntimeError_(f"cluster ids starting with {RESERVED_PREFIX!r} are reserved, got {cluster_id!r}",
+            raise RequestRefused(f"cluster ids starting with {RESERVED_PREFIX!r} are reserved, got {cluster_id!r}",
                                 field="cluster_id")
 
     def _operator_changed(self) -> None:
@@ -673,7 +683,7 @@ class Runtime:
         self._check_name(cluster_id)
         with self.lock:
             if cluster_id not in self.pool.clusters:
-                raise RuntimeError_(f"unknown cluster {cluster_id!r}", status=404, field="cluster_id")
+                raise RequestRefused(f"unknown cluster {cluster_id!r}", status=404, field="cluster_id")
             self._check_idle(cluster_id)
             self._remove_cluster(cluster_id)
             self._operator_changed()
@@ -699,7 +709,7 @@ class Runtime:
     def _check_idle(self, cluster_id: str) -> None:
         busy = [qid for qid, r in self.pool.running.items() if r.cluster_id == cluster_id]
         if busy:
-            raise RuntimeError_(f"cluster {cluster_id!r} still runs {len(busy)} queries", status=409,
+            raise RequestRefused(f"cluster {cluster_id!r} still runs {len(busy)} queries", status=409,
                                 field="cluster_id")
 
     def _retire_cost(self, cluster_id: str) -> None:
@@ -788,7 +798,7 @@ class Runtime:
             self.store.close()
 
 
-def open_state_store(cfg: Any, state_db: str, *, replica: str, answer_ttl_s: float) -> StateStore:
+def open_state_store(cfg: RuntimeConfig, state_db: str, *, replica: str, answer_ttl_s: float) -> StateStore:
     """The store ``state.url`` names: Redis (``redis://``, ``rediss://``, ``unix://``) shared by replicas, else
     the SQLite file ``state_db`` (also ``sqlite:///PATH`` in ``state.url``)."""
     section = getattr(cfg, "state", None)

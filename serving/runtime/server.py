@@ -10,12 +10,15 @@ until the process is stopped.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sloctl.serving.runtime.runtime import RuntimeConfig
 
 __all__ = ["run_runtime", "state_location"]
 
 
-def state_location(cfg: Any) -> str:
+def state_location(cfg: RuntimeConfig) -> str:
     """Where the runtime keeps its state, in words; a shared store is reached first (unreachable: raises)."""
     url = cfg.state.url
     if url and not url.startswith("sqlite:///"):
@@ -26,7 +29,7 @@ def state_location(cfg: Any) -> str:
     return url.removeprefix("sqlite:///") if url else cfg.serve.state_db
 
 
-def run_runtime(cfg: Any, *, token: str | None, sock: Any, host: str, port: int, templates_log: Any = None,
+def run_runtime(cfg: RuntimeConfig, *, token: str | None, sock: Any, host: str, port: int, templates_log: Any = None,
                 say: Callable[[str], None] = print) -> None:
     """Serve the controller runtime on ``sock`` (bound to ``host:port``) until stopped.
 

@@ -17,7 +17,7 @@ from sloctl.control.admission import (
     RequestProfile,
     Svalinn,
 )
-from sloctl.control.admission_baselines import ProtegoPolicy, SedaPolicy, SingleQueuePolicy
+from sloctl.control.admission_baselines import ProtegoAdmission, SedaAdmission, SingleQueueAdmission
 from sloctl.control.aqm import BottleneckAQM, DelayBudget
 from sloctl.control.credits import ClassShare, CreditController
 from sloctl.control.msemaphore import EpsilonGreedyTuner
@@ -59,8 +59,8 @@ def test_admit_all_admits_everything_and_never_gates_memory():
 
 
 @pytest.mark.parametrize("controller", [
-    AdmitAll(), MemoryGate(2), _svalinn_for_the_simulator(), SingleQueuePolicy(1e-5), SedaPolicy(1000.0),
-    ProtegoPolicy()], ids=lambda c: type(c).__name__)
+    AdmitAll(), MemoryGate(2), _svalinn_for_the_simulator(), SingleQueueAdmission(1e-5), SedaAdmission(1000.0),
+    ProtegoAdmission()], ids=lambda c: type(c).__name__)
 def test_every_controller_implements_the_interface(controller):
     assert isinstance(controller, AdmissionController)
     assert all(isinstance(v, int | float) for v in controller.gauges().values())

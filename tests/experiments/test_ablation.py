@@ -10,6 +10,7 @@ from sloctl.config import load_config
 from sloctl.experiments.ablation import ablation
 
 
+@pytest.mark.slow
 def test_ablation_scores_each_model_per_seed_and_summarises_the_spread(sim_log):
     cfg = load_config()
     iconq = dataclasses.replace(cfg.iconq, max_epochs=1)

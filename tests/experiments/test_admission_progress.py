@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from sloctl.experiments import admission
@@ -16,6 +17,7 @@ TINY = {"load_factor": 2.0, "duration_s": 0.004, "loads": (2.0,), "mixes": ("50/
         "convergence_probe_s": 0.001}
 
 
+@pytest.mark.slow
 def test_the_callback_counts_every_run_and_reaches_a_total_known_from_the_start():
     calls: list[tuple[int, int]] = []
     result = admission.admission_experiment(**TINY, on_progress=lambda done, total: calls.append((done, total)))

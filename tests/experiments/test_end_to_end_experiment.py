@@ -187,6 +187,7 @@ def test_cli_refuses_the_training_log_as_grading_log_naming_grade_log(sim_log, m
         assert "--grade-log" in proc.stderr and "--allow-same-log" in proc.stderr
 
 
+@pytest.mark.slow
 def test_cli_grades_on_the_training_log_when_allowed(sim_log, model_dir, tmp_path, run_sloctl):
     log, hourly = tmp_path / "log.parquet", tmp_path / "hourly.parquet"
     sim_log.to_parquet(log)

@@ -41,6 +41,7 @@ def _horizontal(router):
     return Autoscaler(config, None, router, lambda model: router, mode="horizontal", teardown=False)
 
 
+@pytest.mark.slow
 @TWO_CORES
 def test_forced_decision_spins_up_a_real_cluster_after_the_forced_arrival(tpch_db, queries, sql):
     router = RoundRobinRouter()
@@ -106,6 +107,7 @@ def stage_bundle(tmp_path_factory, iso_log):
     return folder
 
 
+@pytest.mark.slow
 @TWO_CORES  # about 13 s: three live runs (no-op, horizontal, add+ours) plus the CLI's start-up
 def test_cli_live_sizer_json_has_the_documented_keys(stage_bundle, tpch_db, run_sloctl):
     out = run_sloctl("experiment", "sizer", "--live", "--log", "log.parquet", "--model", "bundle", "--db", tpch_db,

@@ -53,6 +53,7 @@ def test_scaled_spec_rejects_bad_scale():
         scaled_spec(TANDEM, capacity_scale=0)
 
 
+@pytest.mark.slow
 @needs_envoy
 def test_more_retries_protect_high_class_and_every_process_stops():
     bed = RetryTestbed(TANDEM, {"high": 5, "low": 1}, seed=1, base_interval_s=0.1, max_interval_s=0.5)

@@ -35,6 +35,7 @@ def test_router_experiment_json_shape(sim_log, iconq_plus):
     assert result["predictor_vs_world"]["p50"] >= 1.0
 
 
+@pytest.mark.slow
 def test_scaling_experiments_json_shape(sim_log, iconq_plus):
     cfg = ScalingExperimentConfig(loads=(1.4,), kappas=(3.0,), start_sizes=(1,), copies=2)
     sizer = scaling_experiment("sizer", sim_log, iconq_plus, cfg)

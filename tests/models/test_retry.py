@@ -385,7 +385,7 @@ def networks(draw, modes=("independent", "exclusive")):
     return spec
 
 
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def raise_retries(spec, data):

@@ -43,6 +43,7 @@ def test_scale_factors_are_compared_as_numbers_and_merged_logs_per_run(sim_log):
     assert Provenance.from_dict(json.loads(json.dumps(prov.to_dict()))) == prov
 
 
+@pytest.mark.slow
 def test_a_model_of_another_scale_factor_does_not_replace_the_champion(stages, sim_log, tmp_path):
     """Issue 18: an SF 0.1 model replaced the SF 1 champion because it was scored on SF 0.1 rows."""
     from mlflow import MlflowClient

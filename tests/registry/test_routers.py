@@ -133,6 +133,7 @@ def test_runtime_and_cli_build_the_same_router_from_the_same_model(trained, sim_
         runtime.close()
 
 
+@pytest.mark.slow
 def test_train_iconq_cli_writes_a_bundle_with_the_margin(sim_log, tmp_path):
     write_log(sim_log, tmp_path / "log.parquet")
     (tmp_path / "fast.yaml").write_text("iconq:\n  max_epochs: 2\nrouter:\n  risk_quantile: 0.6\n")

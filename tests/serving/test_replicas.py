@@ -61,6 +61,7 @@ def _check(load, report, *, route_pairs: int) -> None:
     assert report["routes_outside_windows"] == 0 and report["overlapping_windows"] == 0
 
 
+@pytest.mark.slow
 def test_two_replicas_share_one_state(fleet):
     replicas, url, prefix = fleet
     load = drive(replicas, TOKEN, route_pairs=400, admit_pairs=400, workers=8, seed=1)

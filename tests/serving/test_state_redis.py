@@ -15,7 +15,7 @@ import pytest
 
 from sloctl.config import StateSection, load_config
 from sloctl.core.errors import ConfigError
-from sloctl.serving.runtime import Runtime, RuntimeError_
+from sloctl.serving.runtime import RequestRefused, Runtime
 
 
 class FakeClock:
@@ -58,15 +58,15 @@ def test_a_route_repeated_on_another_replica_gets_the_first_answer(cfg):
     first = a.route(1, "t00", 5.0)
     again = b.route(1, "t00", 5.0)
     assert again["cluster_id"] == first["cluster_id"] and again["decision_ms"] == first["decision_ms"]
-    with pytest.raises(RuntimeError_) as other:  # the same id for another query is refused, not re-routed
+    with pytest.raises(RequestRefused) as other:  # the same id for another query is refused, not re-routed
         b.route(1, "t01", 5.0)
     assert other.value.status == 409
     done = b.complete(1, 0.5, "ok")
     assert a.complete(1, 0.5, "ok") == done and done["violated"] is False
-    with pytest.raises(RuntimeError_) as changed:
+    with pytest.raises(RequestRefused) as changed:
         a.complete(1, 9.0, "ok")
     assert changed.value.status == 409
-    with pytest.raises(RuntimeError_) as unknown:
+    with pytest.raises(RequestRefused) as unknown:
         a.complete(2, 0.1, "ok")
     assert unknown.value.status == 404
     assert a.store.running() == [] and a.store.counters() == (1, 0)
@@ -183,7 +183,7 @@ def test_sqlite_route_and_complete_are_idempotent_too(tmp_path, registry):
     assert rt.route(7, "t00", 5.0) == first
     done = rt.complete(7, 0.2, "ok")
     assert rt.complete(7, 0.2, "ok") == done and rt.route(7, "t00", 5.0) == first
-    with pytest.raises(RuntimeError_) as other:
+    with pytest.raises(RequestRefused) as other:
         rt.route(7, "t01", 5.0)
     assert other.value.status == 409
     rt.close()

@@ -71,6 +71,7 @@ def test_autoscaler_needs_a_model_based_router():
         RUNNER(ExecutionConfig(autoscaler=AutoscalerConfig()), WORKLOADS[0], 0)
 
 
+@pytest.mark.slow
 def test_ray_gives_the_process_pool_results(inline, ray_local):
     done = []
     on_ray = simulate_batch(CONFIGS, WORKLOADS, runner=RUNNER, ray_address="local", seed=5,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sloctl.control.admission import AdmitAll
-from sloctl.control.admission_baselines import ProtegoPolicy
+from sloctl.control.admission_baselines import ProtegoAdmission
 from sloctl.experiments.admission import APPROACHES, make_policy, synthetic_workload, three_bottleneck_workload
 from sloctl.simulation.server_sim import (
     Request,
@@ -53,6 +53,7 @@ def test_bandwidth_saturation_slows_memory_requests_and_keeps_cores_busy():
     assert heavy.utilisation > 0.95  # sixteen cores busy, yet only six sections' worth of bytes move
 
 
+@pytest.mark.slow
 def test_an_oversubscribed_bus_loses_the_configured_share_only_when_asked():
     import dataclasses
 
@@ -90,7 +91,7 @@ def test_protego_lock_aqm_admits_all_when_light_and_drops_at_a_hot_lock_under_ov
     capacity, _ = capacity_per_s([hot], CONFIG)
 
     def run(load):
-        return simulate([hot], ProtegoPolicy(credits=False), rate_per_s=load * capacity, duration_s=0.04,
+        return simulate([hot], ProtegoAdmission(credits=False), rate_per_s=load * capacity, duration_s=0.04,
                         warmup_s=0.01, config=CONFIG)
 
     assert run(0.3).drop_rate == 0.0
@@ -101,7 +102,7 @@ def test_protego_lock_aqm_admits_all_when_light_and_drops_at_a_hot_lock_under_ov
 
 
 def test_protego_credits_grow_only_while_throughput_rises_and_the_pool_is_used():
-    policy = ProtegoPolicy(initial_credits=4, credit_interval_s=1e-3)
+    policy = ProtegoAdmission(initial_credits=4, credit_interval_s=1e-3)
     policy.tick(1e-3)  # the first interval has nothing to compare with: the pool shrinks
     assert policy.credits_ == 3
     req = [Request(i, TYPES[0], 1e-3) for i in range(5)]

@@ -41,16 +41,22 @@ def test_train_register_evaluate_json(workdir, run_sloctl):
     assert 1.0 <= result["q_error"]["p50"] <= result["q_error"]["p90"] <= result["q_error"]["p95"]
 
 
-def test_stage_bundle_without_registry(workdir, run_sloctl):
-    out = run_sloctl("train", "stage", "--log", "log.parquet", "--no-register", "--out", "stage_bundle", cwd=workdir)
+@pytest.fixture(scope="module")
+def stage_bundle(workdir, run_sloctl):
+    """A Stage bundle trained by `sloctl train stage --no-register` (once for the module)."""
+    out = run_sloctl("train", "stage", "--log", "log.parquet", "--no-register", "--out", "b", cwd=workdir)
     assert out.returncode == 0, out.stderr
-    out = run_sloctl("evaluate", "predictor", "--log", "log.parquet", "--model", "stage_bundle", "--json", cwd=workdir)
+    return "b"
+
+
+def test_stage_bundle_without_registry(workdir, stage_bundle, run_sloctl):
+    assert (workdir / stage_bundle / "meta.json").is_file()
+    out = run_sloctl("evaluate", "predictor", "--log", "log.parquet", "--model", stage_bundle, "--json", cwd=workdir)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["n"] > 0
 
 
-def test_evaluate_on_empty_or_invalid_log_exits_non_zero(workdir, sim_log, run_sloctl):
-    run_sloctl("train", "stage", "--log", "log.parquet", "--no-register", "--out", "b", cwd=workdir)
+def test_evaluate_on_empty_or_invalid_log_exits_non_zero(workdir, stage_bundle, sim_log, run_sloctl):
     write_log(sim_log.iloc[:0], workdir / "empty.parquet")
     out = run_sloctl("evaluate", "predictor", "--log", "empty.parquet", "--model", "b", cwd=workdir)
     assert out.returncode == 2 and "empty" in out.stderr

@@ -39,6 +39,7 @@ def _tune(folder, *extra):
     return summary, result.stderr
 
 
+@pytest.mark.slow
 def test_tune_policy_on_ray_gives_the_process_pool_execution_config(inputs, ray_local):
     # one local process here: tests/simulation/test_batch.py shows it gives the process pool's matrices
     on_pool, _ = _tune(inputs, "--workers", "1")
@@ -68,6 +69,7 @@ def test_tune_policy_ray_option_takes_an_address(inputs, monkeypatch):
     assert refused.exit_code == 2 and "needs --ray" in refused.stderr and len(seen) == 3
 
 
+@pytest.mark.slow
 def test_a_runner_ships_its_model_to_hosts_without_the_folder(trained_models, sim_log, tmp_path, ray_local):
     """On a Ray cluster of several hosts the driver's model folder exists only on the driver's host."""
     import dataclasses
