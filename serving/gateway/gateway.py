@@ -467,6 +467,7 @@ class Gateway:
         elif opts.router == RouterKind.LEAST_QUEUED:
             inner, known = self.load_based, None
         else:  # running attempts move over to the new model
+            self.control.given = self.predictor  # a caller may hand the gateway another model, then refresh
             built, committed = self.control.build_router(self.control.latency_model(), self.now_s())
             inner = built.router
             known = None if built.templates is None else set(built.templates["template"]).__contains__

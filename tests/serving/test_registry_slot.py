@@ -21,7 +21,7 @@ def _policy(initial: int) -> AdmissionPolicy:
 def test_load_errors_clear_failures_count_and_a_replaced_file_is_reopened(tmp_path, monkeypatch):
     from mlflow import MlflowClient
 
-    import sloctl.serving.controller as runtime
+    import sloctl.serving.controller as controller
     from sloctl.registry.store import register_policy
 
     monkeypatch.chdir(tmp_path)  # MLflow's default artifact root is ./mlruns
@@ -32,15 +32,15 @@ def test_load_errors_clear_failures_count_and_a_replaced_file_is_reopened(tmp_pa
     register_policy(_policy(48), tracking_uri=uri, experiment="t", alias="")
     client = MlflowClient(tracking_uri=uri, registry_uri=uri)
     client.set_registered_model_alias(name, "champion", "1")
-    real = runtime.load_policy
+    real = controller.load_policy
 
     def broken_v2(model_uri, **kwargs):
         if model_uri.endswith("/2"):
             raise OSError("artifact missing")
         return real(model_uri, **kwargs)
 
-    monkeypatch.setattr(runtime, "load_policy", broken_v2)
-    slot = runtime.ModelSlot(f"models:/{name}@champion", uri, name)
+    monkeypatch.setattr(controller, "load_policy", broken_v2)
+    slot = controller.ModelSlot(f"models:/{name}@champion", uri, name)
     assert slot.refresh() and slot.version == "1" and slot.error is None
     client.set_registered_model_alias(name, "champion", "2")
     assert not slot.refresh()
