@@ -70,7 +70,12 @@ def _json_value(value):
     if isinstance(value, decimal.Decimal):
         return str(value)
     if isinstance(value, datetime.datetime):
-        return value.isoformat(sep=" ")
+        offset = value.utcoffset()
+        if offset is None:
+            return value.isoformat(sep=" ")
+        # Trino's `timestamp with time zone`: the local time, a space, then the zone (here its offset)
+        sign, minutes = ("-" if offset < datetime.timedelta(0) else "+"), abs(offset) // datetime.timedelta(minutes=1)
+        return f"{value.replace(tzinfo=None).isoformat(sep=' ')} {sign}{minutes // 60:02d}:{minutes % 60:02d}"
     if isinstance(value, datetime.date | datetime.time):
         return value.isoformat()
     if isinstance(value, bytes | bytearray | memoryview):
@@ -89,12 +94,22 @@ def _json_default(value):
     return _json_value(value)
 
 
-def _page_json(rows: list) -> str:
+#: DuckDB integer types wider than 64 bits (or unsigned 64): Trino decimals, which it sends as JSON strings
+#: (a client that parses JSON numbers as doubles would round them).
+WIDE_INTEGERS = ("HUGEINT", "UHUGEINT", "UBIGINT")
+
+
+def _page_json(rows: list, types: list[str] | None = None) -> str:
     """A page of rows as JSON text: the C encoder for every native value, :func:`_json_value` for the rest.
 
-    NaN and infinities (and maps with keys JSON cannot hold) make the C
-    encoder refuse the page; it is then converted value by value, as before.
+    Columns of :data:`WIDE_INTEGERS` (``types`` are DuckDB's type names) are
+    written as strings. NaN and infinities (and maps with keys JSON cannot
+    hold) make the C encoder refuse the page; it is then converted value by
+    value.
     """
+    wide = [i for i, t in enumerate(types or ()) if t in WIDE_INTEGERS]
+    if wide:
+        rows = [[str(v) if i in wide and v is not None else v for i, v in enumerate(row)] for row in rows]
     try:
         return json.dumps(rows, default=_json_default, allow_nan=False)
     except (ValueError, TypeError):
@@ -229,8 +244,9 @@ def main(argv: list[str] | None = None) -> int:
                 columns = [[d[0], str(d[1])] for d in (cur.description or [])]
                 result = {"columns": columns}
                 emit({"kind": "columns", "query_id": query_id, "columns": columns})
+                types = [t for _, t in columns]
                 while rows := answer.fetchmany(page_rows):
-                    page, count = _page_json(rows), len(rows)
+                    page, count = _page_json(rows, types), len(rows)
                     del rows
                     wait_for_credit(query_id, deadline)
                     emit_raw(f'{{"kind": "page", "query_id": {int(query_id)}, "rows": {page}}}')
@@ -248,7 +264,9 @@ def main(argv: list[str] | None = None) -> int:
                 n_rows = len(rows)
                 if fetch:
                     columns = [[d[0], str(d[1])] for d in (cur.description or [])]
-                    result = {"columns": columns, "data": [[_json_value(v) for v in row] for row in rows]}
+                    wide = {i for i, (_, t) in enumerate(columns) if t in WIDE_INTEGERS}
+                    result = {"columns": columns, "data": [[str(v) if i in wide and v is not None else _json_value(v)
+                                                            for i, v in enumerate(row)] for row in rows]}
         except duckdb.InterruptException:
             with cond:
                 was_cancelled = query_id in cancelled

@@ -72,7 +72,7 @@ from sloctl.datasets.pool import CANCELLED, QueryCompletion, QueryRequest
 from sloctl.serving.controller import LATENCY, Controller, ModelSlot, PoolBackend
 from sloctl.serving.gateway.log import AttemptLog
 from sloctl.serving.gateway.policy import GatewayPolicy
-from sloctl.serving.gateway.sql import DEFAULT_MAX_QUERY_LENGTH, check_statement
+from sloctl.serving.gateway.sql import DEFAULT_MAX_QUERY_LENGTH, check_statement, trino_names
 from sloctl.serving.gateway.trino import TrinoError, error
 
 __all__ = ["ROUTERS", "Gateway", "GatewayOptions", "GatewayQuery"]
@@ -80,13 +80,14 @@ __all__ = ["ROUTERS", "Gateway", "GatewayOptions", "GatewayQuery"]
 #: Placement policies the gateway can run: sloctl's router and the two Trino Gateway baselines.
 ROUTERS = ("sloctl", "least-queued", "random")
 
-#: DuckDB errors that come from the query itself (retrying elsewhere cannot help), as Trino names them.
+#: DuckDB errors that come from the query itself (retrying elsewhere cannot help), as Trino names them
+#: (Trino's StandardErrorCode: a failed cast is INVALID_CAST_ARGUMENT, an overflow NUMERIC_VALUE_OUT_OF_RANGE, ...).
 _USER_ERRORS = {
-    "ParserException": "SYNTAX_ERROR", "BinderException": "SYNTAX_ERROR", "CatalogException": "SYNTAX_ERROR",
-    "ConversionException": "SYNTAX_ERROR", "InvalidInputException": "SYNTAX_ERROR",
-    "NotImplementedException": "NOT_SUPPORTED", "OutOfRangeException": "SYNTAX_ERROR",
-    "SyntaxException": "SYNTAX_ERROR", "InvalidTypeException": "SYNTAX_ERROR", "TypeMismatchException": "SYNTAX_ERROR",
-    "DependencyException": "SYNTAX_ERROR",
+    "ParserException": "SYNTAX_ERROR", "SyntaxException": "SYNTAX_ERROR", "BinderException": "SYNTAX_ERROR",
+    "CatalogException": "SYNTAX_ERROR", "ConversionException": "INVALID_CAST_ARGUMENT",
+    "InvalidInputException": "INVALID_FUNCTION_ARGUMENT", "NotImplementedException": "NOT_SUPPORTED",
+    "OutOfRangeException": "NUMERIC_VALUE_OUT_OF_RANGE", "InvalidTypeException": "SYNTAX_ERROR",
+    "TypeMismatchException": "SYNTAX_ERROR", "DependencyException": "SYNTAX_ERROR",
     # the worker's sandbox refused it (file access, COPY, ATTACH, INSTALL, a locked setting)
     "PermissionException": "PERMISSION_DENIED",
     # the worker's memory_limit: the query's failure, never the cluster's, and never retried
@@ -101,6 +102,8 @@ def _query_error(message: str) -> TrinoError | None:
         return None
     if name == "SYNTAX_ERROR" and "lock_configuration" in message:
         name = "PERMISSION_DENIED"  # a setting the sandbox locked
+    elif name == "SYNTAX_ERROR" and "Function with name" in message and "does not exist" in message:
+        name = "FUNCTION_NOT_FOUND"
     if name == "PERMISSION_DENIED":
         message = f"Access Denied: {message}"
     elif name == "EXCEEDED_LOCAL_MEMORY_LIMIT":
@@ -671,7 +674,7 @@ class Gateway:
             elif q.streaming_attempt != attempt_id:
                 return  # a page of an attempt the query moved away from
             if q.columns is None and columns is not None:
-                q.columns = [(str(n), str(t)) for n, t in columns]
+                q.columns = trino_names(q.sql, [(str(n), str(t)) for n, t in columns])
             if rows:
                 q.pages[q.pages_received] = rows
                 q.pages_received += 1
@@ -813,7 +816,7 @@ class Gateway:
             return
         if done.status == "ok":
             if q.columns is None and done.columns is not None:
-                q.columns = [(str(n), str(t)) for n, t in done.columns]
+                q.columns = trino_names(q.sql, [(str(n), str(t)) for n, t in done.columns])
             if done.data:  # a pool that sends the result whole (not streamed)
                 self._add_page(q, attempt_id, done.columns, list(done.data))
             self._finish(q, end, None, q.outcome)

@@ -65,6 +65,55 @@ def test_trino_client_gets_duckdb_rows_with_typed_columns(served, tpch_db, tpch_
     assert any(q.template == "tpch-q03" for q in gateway.queries.values())
 
 
+def test_zoned_times_and_wide_integers_arrive_as_duckdb_gives_them(served, tpch_db):
+    """Trino's encodings (trino/mapper.py): `timestamp with time zone` as 'local time ZONE', decimals as text."""
+    _, client, _ = served
+    sql = ("SELECT TIMESTAMPTZ '2024-03-01 12:34:56.25+02:00' AS tz, TIMETZ '10:00:00.5+02' AS ttz, "
+           "170141183460469231731687303715884105727::HUGEINT AS big, 18446744073709551615::UBIGINT AS ubig")
+    cur = _connect(client).cursor()
+    cur.execute(sql)
+    (tz, ttz, big, ubig), = cur.fetchall()
+    (want_tz, want_ttz, want_big, want_ubig), = _duckdb_rows(tpch_db, sql)
+    assert tz == want_tz and tz.utcoffset() is not None  # the same instant, zone attached
+    assert ttz == want_ttz and ttz.utcoffset() == datetime.timedelta(hours=2)
+    assert big == decimal.Decimal(want_big) == decimal.Decimal("170141183460469231731687303715884105727")
+    assert ubig == decimal.Decimal(want_ubig)
+    cur.execute("SELECT now() AS n")
+    (now,), = cur.fetchall()
+    assert now.utcoffset() is not None
+    assert abs(now - datetime.datetime.now(datetime.UTC)) < datetime.timedelta(minutes=5)
+
+
+def test_unnamed_columns_are_named_as_trino_names_them(served):
+    _, client, _ = served
+    cur = _connect(client).cursor()
+    cur.execute("SELECT count(*), n_name, n_regionkey + 1, n_nationkey AS k FROM nation GROUP BY ALL ORDER BY k "
+                "LIMIT 1")
+    assert [d[0] for d in cur.description] == ["_col0", "n_name", "_col2", "k"]
+    cur.fetchall()
+    cur.execute("SELECT * FROM region ORDER BY r_regionkey LIMIT 1")  # a star: the table's own names
+    assert [d[0] for d in cur.description] == ["r_regionkey", "r_name", "r_comment"]
+    cur.fetchall()
+
+
+@pytest.mark.parametrize("sql, name", [
+    ("SELECT CAST('x' AS INTEGER)", "INVALID_CAST_ARGUMENT"),
+    ("SELECT 2147483647::INTEGER + 1", "NUMERIC_VALUE_OUT_OF_RANGE"),
+    ("SELECT no_such_function(1)", "FUNCTION_NOT_FOUND"),
+])
+def test_engine_errors_carry_trinos_names_and_codes(served, sql, name):
+    import trino
+
+    from sloctl.serving.gateway.trino import ERRORS
+
+    _, client, _ = served
+    cur = _connect(client).cursor()
+    with pytest.raises(trino.exceptions.TrinoUserError) as caught:
+        cur.execute(sql)
+        cur.fetchall()
+    assert caught.value.error_name == name and caught.value.error_code == ERRORS[name][0]
+
+
 def test_all_22_tpch_queries_return_the_rows_duckdb_returns(served, tpch_db, tpch_templates):
     _, client, _ = served
     cur = _connect(client).cursor()
