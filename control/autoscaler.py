@@ -48,6 +48,7 @@ from sloctl.control.managed import ClusterView, ManagedPool, ScalingAction
 from sloctl.control.router import ClusterState, Query
 
 __all__ = [
+    "ArrivalScaler",
     "Autoscaler",
     "AutoscalerConfig",
     "ObservationWindows",
@@ -647,18 +648,22 @@ class Autoscaler:
         return self._act(now_s, result.triggered_s, outcome)
 
 
-class QueueScaler:
-    """Queue@N spin-ups of the smallest size plus the §6.2.1 teardown; no latency model."""
-
-    def __init__(self, config: AutoscalerConfig, queue_n: int) -> None:
-        self.config = config
-        self.queue_n = queue_n
+class ArrivalScaler:
+    """Base of an autoscaler that decides only at arrivals: nothing to observe at completions, nothing to force."""
 
     def on_completion(self, query: Query, end_s: float) -> None:
         return None
 
     def force(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
         return []
+
+
+class QueueScaler(ArrivalScaler):
+    """Queue@N spin-ups of the smallest size plus the §6.2.1 teardown; no latency model."""
+
+    def __init__(self, config: AutoscalerConfig, queue_n: int) -> None:
+        self.config = config
+        self.queue_n = queue_n
 
     def on_arrival(self, query: Query, clusters: list[ClusterView], now_s: float | None = None
                    ) -> list[ScalingAction]:

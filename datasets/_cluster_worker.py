@@ -99,17 +99,21 @@ def _json_default(value):
 WIDE_INTEGERS = ("HUGEINT", "UHUGEINT", "UBIGINT")
 
 
-def _page_json(rows: list, types: list[str] | None = None) -> str:
+def _wide_as_text(rows: list, wide: frozenset[int]) -> list:
+    """``rows`` with the values of the columns at ``wide`` (:data:`WIDE_INTEGERS`) as strings."""
+    if not wide:
+        return rows
+    return [[str(v) if i in wide and v is not None else v for i, v in enumerate(row)] for row in rows]
+
+
+def _page_json(rows: list, wide: frozenset[int] = frozenset()) -> str:
     """A page of rows as JSON text: the C encoder for every native value, :func:`_json_value` for the rest.
 
-    Columns of :data:`WIDE_INTEGERS` (``types`` are DuckDB's type names) are
-    written as strings. NaN and infinities (and maps with keys JSON cannot
-    hold) make the C encoder refuse the page; it is then converted value by
-    value.
+    Columns at ``wide`` (:data:`WIDE_INTEGERS`) are written as strings. NaN
+    and infinities (and maps with keys JSON cannot hold) make the C encoder
+    refuse the page; it is then converted value by value.
     """
-    wide = [i for i, t in enumerate(types or ()) if t in WIDE_INTEGERS]
-    if wide:
-        rows = [[str(v) if i in wide and v is not None else v for i, v in enumerate(row)] for row in rows]
+    rows = _wide_as_text(rows, wide)
     try:
         return json.dumps(rows, default=_json_default, allow_nan=False)
     except (ValueError, TypeError):
@@ -244,9 +248,9 @@ def main(argv: list[str] | None = None) -> int:
                 columns = [[d[0], str(d[1])] for d in (cur.description or [])]
                 result = {"columns": columns}
                 emit({"kind": "columns", "query_id": query_id, "columns": columns})
-                types = [t for _, t in columns]
+                wide = frozenset(i for i, (_, t) in enumerate(columns) if t in WIDE_INTEGERS)
                 while rows := answer.fetchmany(page_rows):
-                    page, count = _page_json(rows, types), len(rows)
+                    page, count = _page_json(rows, wide), len(rows)
                     del rows
                     wait_for_credit(query_id, deadline)
                     emit_raw(f'{{"kind": "page", "query_id": {int(query_id)}, "rows": {page}}}')
@@ -264,9 +268,9 @@ def main(argv: list[str] | None = None) -> int:
                 n_rows = len(rows)
                 if fetch:
                     columns = [[d[0], str(d[1])] for d in (cur.description or [])]
-                    wide = {i for i, (_, t) in enumerate(columns) if t in WIDE_INTEGERS}
-                    result = {"columns": columns, "data": [[str(v) if i in wide and v is not None else _json_value(v)
-                                                            for i, v in enumerate(row)] for row in rows]}
+                    wide = frozenset(i for i, (_, t) in enumerate(columns) if t in WIDE_INTEGERS)
+                    result = {"columns": columns,
+                              "data": [[_json_value(v) for v in row] for row in _wide_as_text(rows, wide)]}
         except duckdb.InterruptException:
             with cond:
                 was_cancelled = query_id in cancelled

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sloctl.control.autoscaler import AutoscalerConfig, decision_time
+from sloctl.control.autoscaler import ArrivalScaler, AutoscalerConfig, decision_time
 from sloctl.control.managed import ClusterView, ScalingAction
 from sloctl.control.router import Query, RoundRobinRouter
 from sloctl.control.scheduler import ExecutionConfig
@@ -151,7 +151,7 @@ class EndToEndConfig:
 
 # -- the Redshift Serverless AI-driven scaling emulation ----------------------------------------------------
 
-class RaisScaler:
+class RaisScaler(ArrivalScaler):
     """Emulated Redshift Serverless AI-driven scaling: one cluster, resized vertically.
 
     At every arrival the cluster's target size is the smallest size whose
@@ -201,12 +201,6 @@ class RaisScaler:
         h = min(max(int(t_s // self.hour_s), 0), len(self.forecast_per_s) - 1)
         need = self.setting.headroom * self.forecast_per_s[h]
         return next((s for s in self.sizes if self.capacity_per_s[s] >= need), self.sizes[-1])
-
-    def on_completion(self, query: Query, end_s: float) -> None:
-        return None
-
-    def force(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
-        return []
 
     def on_arrival(self, query: Query, clusters: list[ClusterView], now_s: float | None = None
                    ) -> list[ScalingAction]:
