@@ -18,7 +18,7 @@ stdin and answers JSON lines on stdout:
   "ok", "error": "", "rows": 4}`` (plus ``"columns": [[name, type], ...]`` and
   ``"data": [[...], ...]`` when fetched, ``"columns"`` alone when streamed),
   ``{"kind": "columns", "query_id": 1, "columns": [...]}`` then ``{"kind":
-  "page", "query_id": 1, "rows": [[...], ...]}`` for a streamed query (before
+  "page", "query_id": 1, "n": 2, "rows": [[...], ...]}`` for a streamed query (before
   its ``done``), ``{"kind": "explained", "explain_id": 1, "plan": "..." | null,
   "error": ""}``, ``{"kind": "stopped", "t": ...}``
 
@@ -48,8 +48,10 @@ import sys
 import threading
 import time
 
+from sloctl.datasets.duckdb_types import parse_type
+
 TORN_DOWN = "cluster torn down while the query ran"
-CANCELLED = "cancelled by the client"  # sloctl.datasets.pool.CANCELLED (this module imports nothing of sloctl)
+CANCELLED = "cancelled by the client"  # sloctl.datasets.pool.CANCELLED (the worker loads only duckdb_types)
 #: The statement types a request may hold (``SHOW``, ``DESCRIBE``, ``PRAGMA`` and ``VALUES`` parse as ``SELECT``).
 RUNNABLE = ("SELECT", "EXPLAIN")
 
@@ -99,25 +101,123 @@ def _json_default(value):
 WIDE_INTEGERS = ("HUGEINT", "UHUGEINT", "UBIGINT")
 
 
-def _wide_as_text(rows: list, wide: frozenset[int]) -> list:
-    """``rows`` with the values of the columns at ``wide`` (:data:`WIDE_INTEGERS`) as strings."""
-    if not wide:
+def _interval_text(value) -> str:
+    """A ``timedelta`` as Trino's ``interval day to second`` text: ``[-]D HH:MM:SS.mmm`` (milliseconds)."""
+    import datetime
+
+    sign = "-" if value < datetime.timedelta(0) else ""
+    value = abs(value)
+    seconds = value.seconds
+    return (f"{sign}{value.days} {seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}."
+            f"{value.microseconds // 1000:03d}")
+
+
+def _encoder(t):
+    """How to turn a value of DuckDB type ``t`` (a :class:`DuckType`) into Trino's JSON value; ``None``: as it is.
+
+    Wide integers become strings, intervals Trino's interval text, structs
+    (dicts) the list of their field values (Trino's ``row``), and lists and
+    maps apply their element's encoder.
+    """
+    if t.name in WIDE_INTEGERS:
+        return str
+    if t.name == "INTERVAL":
+        return _interval_text
+    if t.name == "UNION":  # no Trino counterpart: its member's text (the column is a varchar)
+        return lambda v: _json_value(v) if isinstance(v, str) else json.dumps(_json_value(v))
+    if t.name in ("LIST", "ARRAY"):
+        inner = _encoder(t.children[0])
+        return None if inner is None else (lambda v: [None if x is None else inner(x) for x in v])
+    if t.name == "MAP":
+        key, value = _encoder(t.children[0]), _encoder(t.children[1])
+        if key is None and value is None:
+            return None
+        key, value = key or (lambda x: x), value or (lambda x: x)
+        return lambda v: {key(k): None if x is None else value(x) for k, x in v.items()}
+    if t.name == "STRUCT":
+        inner = [_encoder(c) for c in t.children]
+        return lambda v: [None if x is None else (f(x) if f is not None else x)
+                          for f, x in zip(inner, v.values(), strict=True)]
+    return None
+
+
+def encoders(columns: list) -> dict[int, object]:
+    """The encoder of each column that needs one (``[[name, duckdb_type], ...]`` → ``{index: function}``)."""
+    out = {}
+    for i, (_, kind) in enumerate(columns):
+        try:
+            f = _encoder(parse_type(kind))
+        except ValueError:
+            f = None
+        if f is not None:
+            out[i] = f
+    return out
+
+
+def _encoded(rows: list, encode: dict[int, object]) -> list:
+    """``rows`` with the columns at ``encode`` turned into Trino's values (see :func:`encoders`)."""
+    if not encode:
         return rows
-    return [[str(v) if i in wide and v is not None else v for i, v in enumerate(row)] for row in rows]
+    return [[encode[i](v) if i in encode and v is not None else v for i, v in enumerate(row)] for row in rows]
 
 
-def _page_json(rows: list, wide: frozenset[int] = frozenset()) -> str:
+def _page_json(rows: list, encode: dict[int, object] | None = None) -> str:
     """A page of rows as JSON text: the C encoder for every native value, :func:`_json_value` for the rest.
 
-    Columns at ``wide`` (:data:`WIDE_INTEGERS`) are written as strings. NaN
-    and infinities (and maps with keys JSON cannot hold) make the C encoder
-    refuse the page; it is then converted value by value.
+    Columns with an encoder (:func:`encoders`: wide integers, intervals,
+    structs, ...) are converted first. NaN and infinities (and maps with keys
+    JSON cannot hold) make the C encoder refuse the page; it is then
+    converted value by value.
     """
-    rows = _wide_as_text(rows, wide)
+    rows = _encoded(rows, encode or {})
     try:
         return json.dumps(rows, default=_json_default, allow_nan=False)
     except (ValueError, TypeError):
         return json.dumps([[_json_value(v) for v in row] for row in rows])
+
+
+#: Types DuckDB writes as Trino's JSON text faster than Python can: cast to VARCHAR on the cluster, they never
+#: become Python objects (a decimal, date or timestamp costs a constructor and a json.dumps callback each).
+AS_TEXT = ("DECIMAL", "DATE", "TIME", "TIMESTAMP", "TIMESTAMP_S", "TIMESTAMP_MS", "TIMESTAMP_NS", "UUID",
+           *WIDE_INTEGERS)
+
+
+_SHAPES: dict[str, tuple[str, list] | None] = {}  # query text -> (wrapped text, columns), None: run as it is
+
+
+def open_stream(cur, sql: str, kind: str = "SELECT"):
+    """Start ``sql`` (a statement of type ``kind``) as a streaming result: ``(result, [[name, type], ...])``.
+
+    Columns of :data:`AS_TEXT` types come back as text, cast by DuckDB: the
+    query is wrapped in a projection (``SELECT CAST(#1 AS VARCHAR), #2 FROM
+    (sql)``) that keeps its order and names; the columns name DuckDB's own
+    types. Text that cannot be wrapped (not a ``SELECT``; a trailing comment)
+    runs as it is. What a text needs is remembered (the database is read-only).
+    """
+    import duckdb
+
+    shape = _SHAPES.get(sql, ())
+    if shape == () and kind == "SELECT":
+        shape = None
+        try:
+            relation = cur.sql(sql)
+            names, types = list(relation.columns), [str(t) for t in relation.types]
+            cast = [t.split("(")[0] in AS_TEXT for t in types]
+            if any(cast):
+                body = sql.rstrip().rstrip(";")
+                listed = ", ".join(f"CAST(#{i + 1} AS VARCHAR)" if c else f"#{i + 1}" for i, c in enumerate(cast))
+                shape = (f"SELECT {listed} FROM (\n{body}\n) AS _sloctl_q",
+                         [list(c) for c in zip(names, types, strict=True)])
+                cur.extract_statements(shape[0])  # a trailing comment would swallow the parenthesis
+        except duckdb.ParserException:
+            shape = None
+        if len(_SHAPES) >= 1024:
+            _SHAPES.clear()
+        _SHAPES[sql] = shape
+    if shape:
+        return cur.execute(shape[0]), shape[1]
+    answer = cur.execute(sql)
+    return answer, [[d[0], str(d[1])] for d in (cur.description or [])]
 
 
 def _sql_literal(text: str) -> str:
@@ -125,8 +225,11 @@ def _sql_literal(text: str) -> str:
 
 
 def connect_sandboxed(db: str, *, threads: int, memory_limit: str | None = None, temp_dir: str | None = None,
-                      temp_dir_limit: str | None = None):
-    """Open ``db`` read-only and seal the connection: no extensions, no external access, settings locked."""
+                      temp_dir_limit: str | None = None, integer_division: bool = False):
+    """Open ``db`` read-only and seal the connection: no extensions, no external access, settings locked.
+
+    ``integer_division``: ``/`` between integers truncates (Trino's rule), set before the lock.
+    """
     import duckdb
 
     config: dict[str, object] = {"threads": threads, "autoinstall_known_extensions": False,
@@ -137,6 +240,8 @@ def connect_sandboxed(db: str, *, threads: int, memory_limit: str | None = None,
         config["temp_directory"] = temp_dir
     if temp_dir_limit:
         config["max_temp_directory_size"] = temp_dir_limit
+    if integer_division:
+        config["integer_division"] = True
     con = duckdb.connect(db, read_only=True, config=config)
     # The database file is open already and DuckDB lets its own temp folder through: no other folder is needed.
     con.execute("SET allowed_directories = []")
@@ -145,8 +250,11 @@ def connect_sandboxed(db: str, *, threads: int, memory_limit: str | None = None,
     return con
 
 
-def check_statement(cur, sql: str, allowed: tuple[str, ...] = RUNNABLE) -> None:
-    """Refuse anything but one statement of an ``allowed`` type (DuckDB's exceptions, so callers see their names)."""
+def check_statement(cur, sql: str, allowed: tuple[str, ...] = RUNNABLE) -> str:
+    """Refuse anything but one statement of an ``allowed`` type (DuckDB's exceptions, so callers see their names).
+
+    Returns the statement's type (``SELECT``, ``EXPLAIN``).
+    """
     import duckdb
 
     statements = cur.extract_statements(sql)
@@ -155,6 +263,7 @@ def check_statement(cur, sql: str, allowed: tuple[str, ...] = RUNNABLE) -> None:
     kind = statements[0].type.name
     if kind not in allowed:
         raise duckdb.PermissionException(f"the sandbox runs {' and '.join(allowed)} statements only, got {kind}")
+    return kind
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-limit", default=None, help="DuckDB memory_limit, e.g. 2GB")
     parser.add_argument("--temp-dir", default=None, help="DuckDB temp_directory (spilling)")
     parser.add_argument("--temp-dir-limit", default=None, help="DuckDB max_temp_directory_size, e.g. 10GB")
+    parser.add_argument("--integer-division", action="store_true", help="DuckDB integer_division (Trino's `/`)")
     args = parser.parse_args(argv)
     out_lock = threading.Lock()
 
@@ -186,7 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         import duckdb
 
         con = connect_sandboxed(args.db, threads=args.size, memory_limit=args.memory_limit,
-                                temp_dir=args.temp_dir, temp_dir_limit=args.temp_dir_limit)
+                                temp_dir=args.temp_dir, temp_dir_limit=args.temp_dir_limit,
+                                integer_division=args.integer_division)
         if args.warmup_s > 0:
             time.sleep(args.warmup_s)
     except Exception as exc:  # report, so the pool does not wait forever
@@ -242,18 +353,17 @@ def main(argv: list[str] | None = None) -> int:
             with cond:
                 if query_id in cancelled or stopping.is_set():  # cancelled, or torn down, before it started
                     raise duckdb.InterruptException("stopped before it started")
-            check_statement(cur, sql)
-            if stream:
-                answer = cur.execute(sql)  # a streaming result: fetchmany pulls pages as they are produced
-                columns = [[d[0], str(d[1])] for d in (cur.description or [])]
+            kind = check_statement(cur, sql)
+            if stream:  # a streaming result: fetchmany pulls pages as they are produced
+                answer, columns = open_stream(cur, sql, kind)
                 result = {"columns": columns}
                 emit({"kind": "columns", "query_id": query_id, "columns": columns})
-                wide = frozenset(i for i, (_, t) in enumerate(columns) if t in WIDE_INTEGERS)
+                encode = encoders(columns)
                 while rows := answer.fetchmany(page_rows):
-                    page, count = _page_json(rows, wide), len(rows)
+                    page, count = _page_json(rows, encode), len(rows)
                     del rows
                     wait_for_credit(query_id, deadline)
-                    emit_raw(f'{{"kind": "page", "query_id": {int(query_id)}, "rows": {page}}}')
+                    emit_raw(f'{{"kind": "page", "query_id": {int(query_id)}, "n": {count}, "rows": {page}}}')
                     if n_rows == 0 and stream_timeout_s is not None and timer is not None:
                         # rows have left: the attempt can no longer be retried, so from here on only the
                         # longer stream_timeout_s bounds it (the consumer's pace sets how long it takes)
@@ -268,9 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                 n_rows = len(rows)
                 if fetch:
                     columns = [[d[0], str(d[1])] for d in (cur.description or [])]
-                    wide = frozenset(i for i, (_, t) in enumerate(columns) if t in WIDE_INTEGERS)
                     result = {"columns": columns,
-                              "data": [[_json_value(v) for v in row] for row in _wide_as_text(rows, wide)]}
+                              "data": [[_json_value(v) for v in row] for row in _encoded(rows, encoders(columns))]}
         except duckdb.InterruptException:
             with cond:
                 was_cancelled = query_id in cancelled

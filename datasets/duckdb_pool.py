@@ -57,13 +57,15 @@ from typing import Any
 
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.cpu_budget import DEFAULT_PERIOD_S, CpuBudget, CpuBudgets, find_cgroup_root
-from sloctl.datasets.pool import ClusterInfo, QueryCompletion, QueryRequest
+from sloctl.datasets.pool import ClusterInfo, QueryCompletion, QueryRequest, RawPage
 
 __all__ = ["DuckDBClusterPool"]
 
 # A DuckDB size: a number and a unit (1000^i or 1024^i bytes), e.g. "2GB", "512 MiB".
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(b|bytes|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)\s*", re.IGNORECASE)
 _TORN_DOWN = "cluster torn down while the query ran"  # the worker's words for the same end
+#: The head of a worker's page line (``_cluster_worker`` writes it so): query id and row count, then the rows.
+_PAGE = re.compile(r'^\{"kind": "page", "query_id": (\d+), "n": (\d+), "rows": ')
 
 
 def _check_size(name: str, value: Any, *, allow_zero: bool) -> None:
@@ -92,7 +94,8 @@ def _exit_text(pid: int, returncode: int | None) -> str:
 
 @dataclass
 class _Stream:
-    on_page: Callable[[tuple[tuple[str, str], ...], list[list]], None] | None
+    on_page: Callable[[tuple[tuple[str, str], ...], Any], None] | None
+    raw: bool = False
     columns: tuple[tuple[str, str], ...] = ()
     rows: int = 0
     error: str = ""  # set when on_page raised: the query is cancelled and ends with this error
@@ -146,6 +149,8 @@ class DuckDBClusterPool:
         temp_dir: where workers spill, each in a folder of its own that goes
             when its cluster is torn down (default: a fresh folder per pool,
             removed on :meth:`close`).
+        integer_division: run every worker with DuckDB's ``integer_division``
+            (``/`` between integers truncates, as in Trino; the gateway's).
     """
 
     def __init__(self, db_path: str | Path, *, warmup_s: float = 0.0,
@@ -153,8 +158,9 @@ class DuckDBClusterPool:
                  size_unit_cores: float | None = None, reserved_cores: int = 0, budget_mode: str = "auto",
                  period_s: float = DEFAULT_PERIOD_S, cgroup_root: Any = None,
                  log: Any = None, memory_limit: str | None = None, temp_dir_limit: str | None = None,
-                 temp_dir: str | Path | None = None) -> None:
+                 temp_dir: str | Path | None = None, integer_division: bool = False) -> None:
         self.db_path = Path(db_path)
+        self.integer_division = bool(integer_division)
         self.warmup_s = warmup_s
         self.allow_oversubscribe = allow_oversubscribe
         self.cores = cores
@@ -290,6 +296,8 @@ class DuckDBClusterPool:
                 command += ["--memory-limit", self.memory_limit]
             if self.temp_dir_limit is not None:
                 command += ["--temp-dir-limit", self.temp_dir_limit]
+            if self.integer_division:
+                command += ["--integer-division"]
             try:
                 temp_dir = self._cluster_temp_dir(cluster_id)
                 command += ["--temp-dir", str(temp_dir)]
@@ -357,7 +365,7 @@ class DuckDBClusterPool:
                     f"Cluster {cluster_id!r} is {cluster.state}; queries need a ready cluster.")
             cluster.running.add(request.query_id)
             if request.stream:
-                cluster.streams[request.query_id] = _Stream(request.on_page)
+                cluster.streams[request.query_id] = _Stream(request.on_page, raw=request.raw_pages)
         try:
             self._send(cluster, message)
         except ClusterPoolError:  # never handed over: the caller hears it here, not in a completion too
@@ -543,11 +551,13 @@ class DuckDBClusterPool:
     def _read_results(self, cluster: _Cluster) -> None:
         """Follow one worker's stdout until it exits; then end whatever still ran on it."""
         for line in cluster.process.stdout:
+            page = _PAGE.match(line)
+            if page is not None:  # rows stay JSON text until a consumer wants them decoded
+                body = line.rstrip()
+                self._deliver_page(cluster, int(page.group(1)), RawPage(body[page.end():-1], int(page.group(2))))
+                continue
             message = json.loads(line)
             kind = message["kind"]
-            if kind == "page":
-                self._deliver_page(cluster, message)
-                continue
             with self._cond:
                 if kind == "done":
                     self._completions.put(self._completion(cluster, message))
@@ -603,19 +613,18 @@ class DuckDBClusterPool:
             columns=(tuple((str(n), str(t)) for n, t in message["columns"]) if "columns" in message else None),
             data=message.get("data"))
 
-    def _deliver_page(self, cluster: _Cluster, message: dict[str, Any]) -> None:
+    def _deliver_page(self, cluster: _Cluster, query_id: int, page: RawPage) -> None:
         """Hand one page to its consumer, outside the lock (``on_page`` may call :meth:`credit`)."""
-        query_id = message["query_id"]
         with self._cond:
             stream = cluster.streams.get(query_id)
         if stream is None or stream.error:  # a consumer that failed gets no more pages
             return
-        stream.rows += len(message["rows"])
+        stream.rows += page.count
         if stream.on_page is None:
             self.credit(cluster.cluster_id, query_id)
             return
         try:
-            stream.on_page(stream.columns, message["rows"])
+            stream.on_page(stream.columns, page if stream.raw else page.rows())
         except Exception as exc:  # the consumer cannot take the rest: stop the query, say why
             stream.error = f"on_page raised {type(exc).__name__}: {exc}"
             with contextlib.suppress(ClusterPoolError):

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
-__all__ = ["CANCELLED", "ClusterInfo", "ClusterPool", "QueryCompletion", "QueryRequest", "QueryStatus"]
+__all__ = ["CANCELLED", "ClusterInfo", "ClusterPool", "QueryCompletion", "QueryRequest", "QueryStatus", "RawPage"]
 
 QueryStatus = Literal["ok", "timeout", "error"]
 
@@ -50,6 +50,9 @@ class QueryRequest:
             (``stream`` only; ``None``: ``timeout_s`` throughout). Rows that
             left cannot be taken back, so a caller that retries on a timeout
             keeps ``timeout_s`` short and lets a streaming result run on.
+        raw_pages: hand ``on_page`` each page as a :class:`RawPage` (the
+            worker's JSON text and its row count), never decoded: a consumer
+            that forwards JSON (the SLO gateway) passes it through as it is.
         on_page: called as ``on_page(columns, rows)`` once per page, in order,
             on the pool's reader thread of that cluster (keep it short: hand the
             rows on, then call ``credit``); ``columns`` are ``(name, type)``
@@ -68,7 +71,27 @@ class QueryRequest:
     page_rows: int = 1000
     buffer_pages: int = 4
     stream_timeout_s: float | None = None
-    on_page: Callable[[tuple[tuple[str, str], ...], list[list]], None] | None = None
+    on_page: Callable[[tuple[tuple[str, str], ...], Any], None] | None = None
+    raw_pages: bool = False
+
+
+@dataclass(frozen=True)
+class RawPage:
+    """A page of a streamed result as the worker wrote it.
+
+    Attributes:
+        json: a JSON array of rows (each an array of JSON values).
+        count: how many rows it holds.
+    """
+
+    json: str
+    count: int
+
+    def rows(self) -> list[list]:
+        """The rows, decoded."""
+        import json
+
+        return json.loads(self.json)
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,8 @@ MemoryLimit = Annotated[str, typer.Option(help="Each cluster worker's DuckDB mem
                                           "fails with EXCEEDED_LOCAL_MEMORY_LIMIT, the cluster goes on.")]
 DrainGrace = Annotated[float, typer.Option(help="On SIGTERM: how long running queries may take to finish.")]
 StateJson = Annotated[bool, typer.Option("--json", help="Print the gateway's state at start as one JSON line.")]
+CatalogName = Annotated[str | None, typer.Option("--catalog", help="The Trino catalog name clients use for the "
+                                                 "database (default: its file name's stem, e.g. tpch_sf1).")]
 
 
 def gateway_cmd(
@@ -101,7 +103,7 @@ def gateway_cmd(
     jwt_issuer: JwtIssuer = None, jwt_audience: JwtAudience = None, admin_user: AdminUser = None,
     tls_cert: TlsCert = None, tls_key: TlsKey = None, insecure_auth: InsecureAuth = False,
     memory_limit: MemoryLimit = "2GB", drain_grace_s: DrainGrace = 30.0, as_json: StateJson = False,
-    config: Config = None,
+    catalog: CatalogName = None, config: Config = None,
 ) -> None:
     """The SLO gateway: Trino clients connect; sloctl admits, routes, retries and logs every query."""
     from sloctl._cli_experiments import _live_db
@@ -131,7 +133,7 @@ def gateway_cmd(
         model_uri=serve.model_uri, fallback_uri=serve.fallback_uri, admission_uri=serve.admission_uri,
         retry_uri=retry_uri, watch_interval_s=serve.watch_interval_s,
         pool_options=cfg.warehouse.pool_options() if budgets else None, autoscaler=knobs,
-        worker_memory_limit=memory_limit, drain_grace_s=drain_grace_s)
+        worker_memory_limit=memory_limit, drain_grace_s=drain_grace_s, catalog=catalog)
     try:
         options.validate()
     except ValueError as exc:
@@ -171,7 +173,8 @@ def _announce(state: dict, address: str, database: str, log_dir: Path, auth, tls
         echo("authentication: OFF (loopback only): any local process may act as any user; "
              "see docs/gateway.md to turn it on")
     host, port = address.rsplit("://", 1)[1].rsplit(":", 1)
-    echo(f"connect: trino.dbapi.connect(host={host!r}, port={port}, user='me', client_tags=['high'])")
+    echo(f"connect: trino.dbapi.connect(host={host!r}, port={port}, user='me', catalog={state.get('catalog')!r}, "
+         "schema='main', client_tags=['high'])")
 
 
 def _loopback(host: str) -> bool:

