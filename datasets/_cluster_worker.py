@@ -54,6 +54,8 @@ TORN_DOWN = "cluster torn down while the query ran"
 CANCELLED = "cancelled by the client"  # sloctl.datasets.pool.CANCELLED (the worker loads only duckdb_types)
 #: The statement types a request may hold (``SHOW``, ``DESCRIBE``, ``PRAGMA`` and ``VALUES`` parse as ``SELECT``).
 RUNNABLE = ("SELECT", "EXPLAIN")
+#: ... and on a scratch worker (the gateway's ``memory`` catalog), whose own database may be written.
+RUNNABLE_SCRATCH = (*RUNNABLE, "CREATE", "INSERT", "DELETE", "UPDATE", "DROP")
 
 
 def _json_value(value):
@@ -225,10 +227,13 @@ def _sql_literal(text: str) -> str:
 
 
 def connect_sandboxed(db: str, *, threads: int, memory_limit: str | None = None, temp_dir: str | None = None,
-                      temp_dir_limit: str | None = None, integer_division: bool = False):
+                      temp_dir_limit: str | None = None, integer_division: bool = False, scratch: str | None = None):
     """Open ``db`` read-only and seal the connection: no extensions, no external access, settings locked.
 
     ``integer_division``: ``/`` between integers truncates (Trino's rule), set before the lock.
+    ``scratch``: open an empty in-memory database instead (named ``memory``,
+    with a schema ``default``, as Trino's memory catalog) and attach ``db``
+    read-only under this name.
     """
     import duckdb
 
@@ -242,7 +247,15 @@ def connect_sandboxed(db: str, *, threads: int, memory_limit: str | None = None,
         config["max_temp_directory_size"] = temp_dir_limit
     if integer_division:
         config["integer_division"] = True
-    con = duckdb.connect(db, read_only=True, config=config)
+    if scratch is not None:  # its tables must fit memory_limit: DuckDB would spill them past any temp limit
+        config["temp_directory"] = ""
+        config.pop("max_temp_directory_size", None)
+    if scratch is None:
+        con = duckdb.connect(db, read_only=True, config=config)
+    else:
+        con = duckdb.connect(":memory:", config=config)
+        con.execute(f'ATTACH {_sql_literal(db)} AS "{scratch}" (READ_ONLY)')
+        con.execute('CREATE SCHEMA memory."default"')
     # The database file is open already and DuckDB lets its own temp folder through: no other folder is needed.
     con.execute("SET allowed_directories = []")
     con.execute("SET enable_external_access = false")
@@ -277,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--temp-dir", default=None, help="DuckDB temp_directory (spilling)")
     parser.add_argument("--temp-dir-limit", default=None, help="DuckDB max_temp_directory_size, e.g. 10GB")
     parser.add_argument("--integer-division", action="store_true", help="DuckDB integer_division (Trino's `/`)")
+    parser.add_argument("--scratch", default=None, help="a writable in-memory database; --db attached read-only "
+                                                         "under this name")
     args = parser.parse_args(argv)
     out_lock = threading.Lock()
 
@@ -297,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
 
         con = connect_sandboxed(args.db, threads=args.size, memory_limit=args.memory_limit,
                                 temp_dir=args.temp_dir, temp_dir_limit=args.temp_dir_limit,
-                                integer_division=args.integer_division)
+                                integer_division=args.integer_division, scratch=args.scratch)
         if args.warmup_s > 0:
             time.sleep(args.warmup_s)
     except Exception as exc:  # report, so the pool does not wait forever
@@ -353,13 +368,13 @@ def main(argv: list[str] | None = None) -> int:
             with cond:
                 if query_id in cancelled or stopping.is_set():  # cancelled, or torn down, before it started
                     raise duckdb.InterruptException("stopped before it started")
-            kind = check_statement(cur, sql)
+            kind = check_statement(cur, sql, RUNNABLE_SCRATCH if args.scratch else RUNNABLE)
             if stream:  # a streaming result: fetchmany pulls pages as they are produced
                 answer, columns = open_stream(cur, sql, kind)
                 result = {"columns": columns}
                 emit({"kind": "columns", "query_id": query_id, "columns": columns})
                 encode = encoders(columns)
-                while rows := answer.fetchmany(page_rows):
+                while columns and (rows := answer.fetchmany(page_rows)):
                     page, count = _page_json(rows, encode), len(rows)
                     del rows
                     wait_for_credit(query_id, deadline)

@@ -117,6 +117,7 @@ class _Cluster:
     running: set[int] = field(default_factory=set)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     temp_dir: Path | None = None
+    scratch: bool = False  # the gateway's memory-catalog worker: holds no cores or budget of the clusters
     stopping: bool = False  # tear_down asked for it: an exit is no failure
     streams: dict[int, _Stream] = field(default_factory=dict)
     explains: dict[int, dict | None] = field(default_factory=dict)  # explain id -> the worker's answer, once in
@@ -227,7 +228,7 @@ class DuckDBClusterPool:
 
     def _allocate_budget(self, size: int) -> tuple[tuple[int, ...], bool]:
         """Budgets: every cluster runs on all the pool's cores; their budgets must fit in them."""
-        live = [c for c in self._clusters.values() if c.state in ("starting", "ready")]
+        live = [c for c in self._clusters.values() if c.state in ("starting", "ready") and not c.scratch]
         held = sum(c.cpu_budget for c in live)
         want = self.budget_cores(size)
         if held + want > len(self._cores) + 1e-9:
@@ -250,7 +251,7 @@ class DuckDBClusterPool:
         needed = size
         if self.size_unit_cores is not None:  # budgets asked for, not enforceable: pin the budget rounded up
             needed = max(1, math.ceil(self.budget_cores(size) - 1e-9))
-        live = [c for c in self._clusters.values() if c.state in ("starting", "ready")]
+        live = [c for c in self._clusters.values() if c.state in ("starting", "ready") and not c.scratch]
         used = {core for c in live for core in c.cores}
         free = [core for core in self._cores if core not in used]
         if needed <= len(free):
@@ -274,8 +275,16 @@ class DuckDBClusterPool:
         return tuple(sorted(chosen)), True
 
     # -- ClusterPool -------------------------------------------------------
-    def spin_up(self, size: int, *, cluster_id: str | None = None) -> str:
-        """Start a cluster process pinned to ``size`` cores; return its id."""
+    def spin_up(self, size: int, *, cluster_id: str | None = None, scratch_catalog: str | None = None,
+                memory_limit: str | None = None) -> str:
+        """Start a cluster process pinned to ``size`` cores; return its id.
+
+        ``scratch_catalog``: a scratch worker instead (the SLO gateway's
+        ``memory`` catalog): an in-memory database that may be written, with
+        the warehouse attached read-only under that name, bounded by
+        ``memory_limit`` (default: the pool's); it takes no CPU budget (it
+        runs on the clusters' cores, unbudgeted).
+        """
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ClusterPoolError(f"The 'size' parameter must be an integer >= 1, got {size!r}.")
         with self._cond:
@@ -284,16 +293,21 @@ class DuckDBClusterPool:
             cluster_id = cluster_id or f"c{next(self._ids)}-s{size}"
             if cluster_id in self._clusters and self._clusters[cluster_id].state != "stopped":
                 raise ClusterPoolError(f"The 'cluster_id' {cluster_id!r} is already in use.")
-            cores, oversubscribed = self._allocate(size)
-            budget = self.budget_cores(size) if self._budgets is not None else float(len(cores))
-            cgroup = self._budgets.create(cluster_id, budget) if self._budgets is not None else None
+            if scratch_catalog is None:
+                cores, oversubscribed = self._allocate(size)
+                budget = self.budget_cores(size) if self._budgets is not None else float(len(cores))
+                cgroup = self._budgets.create(cluster_id, budget) if self._budgets is not None else None
+            else:
+                cores, oversubscribed, budget, cgroup = tuple(self._cores), False, float(size), None
             threads = max(1, math.ceil(budget - 1e-9))
             command = [sys.executable, "-m", "sloctl.datasets._cluster_worker", "--db", str(self.db_path),
                        "--size", str(threads), "--cores", ",".join(map(str, cores)), "--warmup-s", repr(self.warmup_s)]
             if cgroup is not None:
                 command += ["--cgroup-procs", str(cgroup.procs_file)]
-            if self.memory_limit is not None:
-                command += ["--memory-limit", self.memory_limit]
+            if memory_limit or self.memory_limit:
+                command += ["--memory-limit", memory_limit or self.memory_limit]
+            if scratch_catalog is not None:  # its tables live in memory_limit: it never spills (the worker's rule)
+                command += ["--scratch", scratch_catalog]
             if self.temp_dir_limit is not None:
                 command += ["--temp-dir-limit", self.temp_dir_limit]
             if self.integer_division:
@@ -311,7 +325,7 @@ class DuckDBClusterPool:
                 cluster_id=cluster_id, size=size, cores=cores, process=process,
                 requested_s=time.monotonic(),
                 oversubscribed=oversubscribed or (cgroup is None and threads > len(cores)),
-                cpu_budget=budget, cgroup=cgroup, temp_dir=temp_dir)
+                cpu_budget=budget, cgroup=cgroup, temp_dir=temp_dir, scratch=scratch_catalog is not None)
             self._clusters[cluster_id] = cluster
             threading.Thread(target=self._read_results, args=(cluster,), daemon=True,
                              name=f"sloctl-pool-{cluster_id}").start()

@@ -92,6 +92,9 @@ DrainGrace = Annotated[float, typer.Option(help="On SIGTERM: how long running qu
 StateJson = Annotated[bool, typer.Option("--json", help="Print the gateway's state at start as one JSON line.")]
 CatalogName = Annotated[str | None, typer.Option("--catalog", help="The Trino catalog name clients use for the "
                                                  "database (default: its file name's stem, e.g. tpch_sf1).")]
+MemoryCatalog = Annotated[str, typer.Option("--memory-catalog", help="Size of the writable `memory` catalog (one "
+                                            "in-memory scratch database per gateway, cleared at restart; the "
+                                            "warehouse stays read-only), a DuckDB size, or 'off'.")]
 
 
 def gateway_cmd(
@@ -103,7 +106,7 @@ def gateway_cmd(
     jwt_issuer: JwtIssuer = None, jwt_audience: JwtAudience = None, admin_user: AdminUser = None,
     tls_cert: TlsCert = None, tls_key: TlsKey = None, insecure_auth: InsecureAuth = False,
     memory_limit: MemoryLimit = "2GB", drain_grace_s: DrainGrace = 30.0, as_json: StateJson = False,
-    catalog: CatalogName = None, config: Config = None,
+    catalog: CatalogName = None, memory_catalog: MemoryCatalog = "256MB", config: Config = None,
 ) -> None:
     """The SLO gateway: Trino clients connect; sloctl admits, routes, retries and logs every query."""
     from sloctl._cli_experiments import _live_db
@@ -133,7 +136,8 @@ def gateway_cmd(
         model_uri=serve.model_uri, fallback_uri=serve.fallback_uri, admission_uri=serve.admission_uri,
         retry_uri=retry_uri, watch_interval_s=serve.watch_interval_s,
         pool_options=cfg.warehouse.pool_options() if budgets else None, autoscaler=knobs,
-        worker_memory_limit=memory_limit, drain_grace_s=drain_grace_s, catalog=catalog)
+        worker_memory_limit=memory_limit, drain_grace_s=drain_grace_s, catalog=catalog,
+        scratch_memory_limit=None if memory_catalog == "off" else memory_catalog)
     try:
         options.validate()
     except ValueError as exc:

@@ -79,6 +79,7 @@ class Catalog:
 
     name: str
     schema: str = "main"
+    scratch: bool = False  # a writable `memory` catalog is offered (the gateway's scratch worker)
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class Plan:
     template_sql: str = ""
     names: tuple[str | None, ...] | None = None
     headers: tuple[tuple[str, str], ...] = ()
+    target: str = "cluster"  # where a query runs: a cluster, or "scratch" (the memory catalog's worker)
     columns: tuple[tuple[str, str], ...] = ()
     rows: tuple[tuple[Any, ...], ...] = ()
     error_name: str = ""
@@ -162,9 +164,13 @@ def _type_case(column: str) -> str:
 
 
 @functools.lru_cache(maxsize=16)
-def _views(cat: Catalog) -> dict[tuple[str, str, str], str]:
-    """``(catalog, schema, table)`` → the DuckDB query that answers it in Trino's layout."""
-    c, db = _literal(cat.name), "current_database()"
+def _views(cat: Catalog, scratch: bool = False) -> dict[tuple[str, str, str], str]:
+    """``(catalog, schema, table)`` → the DuckDB query that answers it in Trino's layout.
+
+    On a cluster the warehouse is DuckDB's default database; on the scratch
+    worker it is attached under the catalog's name.
+    """
+    c, db = _literal(cat.name), _literal(cat.name) if scratch else "current_database()"
     schemata = (f"SELECT {c} AS catalog_name, schema_name FROM information_schema.schemata "
                 f"WHERE catalog_name = {db} UNION SELECT {c}, 'information_schema'")
     tables = (f"SELECT {c} AS table_catalog, table_schema, table_name, table_type FROM information_schema.tables "
@@ -180,7 +186,8 @@ def _views(cat: Catalog) -> dict[tuple[str, str, str], str]:
         (cat.name, "information_schema", "tables"): tables,
         (cat.name, "information_schema", "columns"): columns,
         (cat.name, "information_schema", "views"): views,
-        ("system", "jdbc", "catalogs"): f"SELECT * FROM (VALUES ({c}), ('system')) AS t(table_cat)",
+        ("system", "jdbc", "catalogs"): (f"SELECT * FROM (VALUES ({c}), ('system')"
+                                         f"{', (' + _literal('memory') + ')' if cat.scratch else ''}) AS t(table_cat)"),
         ("system", "jdbc", "schemas"): (f"SELECT schema_name AS table_schem, catalog_name AS table_catalog "
                                         f"FROM ({schemata})"),
         ("system", "metadata", "table_comments"): (
@@ -216,32 +223,44 @@ def _output_names(tree: Any) -> tuple[str | None, ...] | None:
     return tuple(names)
 
 
-def _resolve_tables(tree: Any, cat: Catalog, catalog: str | None, schema: str | None) -> None:
-    """Qualify names for the clusters: the session's schema, the catalog's DuckDB name, Trino's views."""
-    import sqlglot
+def _tables(tree: Any) -> list[Any]:
+    """The named tables ``tree`` reads or writes (not table functions, not its CTEs)."""
     from sqlglot import exp
 
     ctes = {c.alias_or_name.lower() for c in tree.find_all(exp.CTE)}
-    views = _views(cat)
-    for table in list(tree.find_all(exp.Table)):
-        if not isinstance(table.this, exp.Identifier):
-            continue  # a table function
-        name, db, cat_name = table.name, table.db, table.catalog
-        if not db and name.lower() in ctes:
-            continue
-        cat_name = cat_name or (catalog if db or catalog else cat.name) or cat.name
-        db = db or schema or cat.schema
-        key = (cat_name.lower(), db.lower(), name.lower())
+    return [t for t in tree.find_all(exp.Table) if isinstance(t.this, exp.Identifier)
+            and not (not t.db and t.name.lower() in ctes)]
+
+
+def _catalog_of(table: Any, cat: Catalog, catalog: str | None) -> str:
+    """The catalog a table name resolves in (its own, else the session's, else the warehouse)."""
+    return (table.catalog or catalog or cat.name).lower()
+
+
+def _resolve_tables(tree: Any, cat: Catalog, catalog: str | None, schema: str | None, scratch: bool) -> None:
+    """Qualify names for where the query runs: the session's schema, the catalog's name there, Trino's views."""
+    import sqlglot
+    from sqlglot import exp
+
+    views = _views(cat, scratch)
+    names = f"'{cat.name}', 'system'" + (" and 'memory'" if cat.scratch else "")
+    for table in _tables(tree):
+        name, cat_name = table.name, _catalog_of(table, cat, catalog)
+        session_schema = schema if cat_name == (catalog or cat.name).lower() else None
+        db = table.db or session_schema or ("default" if cat_name == "memory" else cat.schema)
+        key = (cat_name, db.lower(), name.lower())
         if key in views:
             alias = table.alias or name
             table.replace(exp.Subquery(this=sqlglot.parse_one(views[key], read="duckdb"),
                                        alias=exp.TableAlias(this=exp.to_identifier(alias))))
             continue
-        if cat_name.lower() != cat.name.lower():
-            raise _PlanError("CATALOG_NOT_FOUND", f"Catalog '{cat_name}' not found (this gateway has "
-                                                  f"'{cat.name}' and 'system').")
-        table.set("catalog", None)
-        table.set("db", exp.to_identifier(db))
+        if cat_name == "memory" and cat.scratch:
+            table.set("catalog", exp.to_identifier("memory"))
+        elif cat_name == cat.name.lower():  # on the scratch worker the warehouse is attached under its name
+            table.set("catalog", exp.to_identifier(cat.name) if scratch else None)
+        else:
+            raise _PlanError("CATALOG_NOT_FOUND", f"Catalog '{cat_name}' not found (this gateway has {names}).")
+        table.set("db", exp.to_identifier(db, quoted=db.lower() == "default"))
 
 
 def _guard_divisions(tree: Any) -> None:
@@ -291,7 +310,7 @@ def _fmt_spec(java: str) -> str:
     return "".join(out) + java[last:].replace("{", "{{").replace("}", "}}")
 
 
-def _as_duckdb(text: str, trino_error: str) -> tuple[str, tuple[str | None, ...] | None]:
+def _as_duckdb(text: str, trino_error: str) -> tuple[str, tuple[str | None, ...] | None, str]:
     """Text that is not Trino SQL runs as DuckDB reads it, when DuckDB's parser takes it (one read statement)."""
     import sqlglot
 
@@ -303,12 +322,13 @@ def _as_duckdb(text: str, trino_error: str) -> tuple[str, tuple[str | None, ...]
         names = _output_names(sqlglot.parse_one(text, read="duckdb"))
     except (sqlglot.errors.SqlglotError, ValueError):
         names = None
-    return text, names
+    return text, names, "cluster"
 
 
 def _translate(text: str, cat: Catalog, catalog: str | None, schema: str | None
-               ) -> tuple[str, tuple[str | None, ...] | None]:
-    """``text`` (Trino, one query) as DuckDB text, and its output names; :class:`_PlanError` if refused."""
+               ) -> tuple[str, tuple[str | None, ...] | None, str]:
+    """``text`` (Trino, one statement) as DuckDB text, its output names and where it runs (``cluster`` or
+    ``scratch``); :class:`_PlanError` if refused."""
     import sqlglot
     from sqlglot import exp
 
@@ -328,18 +348,32 @@ def _translate(text: str, cat: Catalog, catalog: str | None, schema: str | None
         raise _PlanError("NOT_SUPPORTED", f"The sloctl gateway runs one statement per request; the text holds "
                                           f"{len(trees)}.")
     tree = trees[0]
-    if not isinstance(tree, exp.Query | exp.Values):
+    writes = isinstance(tree, exp.Create | exp.Insert | exp.Delete | exp.Update | exp.Drop)
+    scratch = cat.scratch and any(_catalog_of(t, cat, catalog) == "memory" for t in _tables(tree))
+    if writes and scratch:
+        targets = tree.args.get("tables") or [] if isinstance(tree, exp.Drop) else [
+            tree.this.this if isinstance(tree.this, exp.Schema) else tree.this]
+        if not targets or any(not isinstance(t, exp.Table) or _catalog_of(t, cat, catalog) != "memory"
+                              for t in targets):
+            raise _PlanError("PERMISSION_DENIED", f"Access Denied: the warehouse catalog '{cat.name}' is read-only; "
+                                                  "write to the memory catalog (memory.default.<table>).")
+        if isinstance(tree, exp.Create | exp.Drop) and (tree.args.get("kind") or "").upper() not in (
+                "TABLE", "VIEW", "SCHEMA"):
+            raise _PlanError("NOT_SUPPORTED", "The memory catalog holds tables, views and schemas.")
+    elif not isinstance(tree, exp.Query | exp.Values):
         verdict = check_statement(text)  # DuckDB's name for the statement's kind, as the clusters would refuse it
         if verdict.refused:
             raise _PlanError(verdict.error_name, verdict.message)
         kind = str(tree.this).split()[0].upper() if isinstance(tree, exp.Command) else type(tree).__name__.upper()
+        where = " except in the memory catalog (memory.default.<table>)" if cat.scratch else ""
         raise _PlanError("PERMISSION_DENIED", f"Access Denied: {kind} statements are not allowed by the sloctl "
-                                              "gateway (it runs read-only queries).")
+                                              f"gateway{where} (it runs read-only queries).")
     if tree.find(exp.Placeholder) is not None:
         raise _PlanError("INVALID_PARAMETER_USAGE", "Query has parameters (?): send them with EXECUTE ... USING "
                                                     "(the client's execute(sql, params)).")
-    names = _output_names(tree)
-    _resolve_tables(tree, cat, catalog, schema)  # (the catalog views are DuckDB text: checked there)
+    names = ("rows",) if isinstance(tree, exp.Insert | exp.Delete | exp.Update) or (
+        isinstance(tree, exp.Create) and tree.expression is not None) else _output_names(tree)
+    _resolve_tables(tree, cat, catalog, schema, scratch)
     _guard_divisions(tree)
     for node in list(tree.find_all(exp.Format)):  # Trino's format is Java's printf, DuckDB's is fmt's {}
         spec = node.this
@@ -348,7 +382,7 @@ def _translate(text: str, cat: Catalog, catalog: str | None, schema: str | None
                                                                    *node.expressions]))
         else:
             node.replace(exp.Anonymous(this="printf", expressions=[spec, *node.expressions]))
-    return tree.sql(dialect="duckdb"), names
+    return tree.sql(dialect="duckdb"), names, "scratch" if scratch else "cluster"
 
 
 def _bind(text: str, using: str | None) -> str:
@@ -399,10 +433,15 @@ def _show(text: str, cat: Catalog, session: Session) -> str | Plan | None:
         import fnmatch
 
         pattern = None if m.group(1) is None else m.group(1)[1:-1].replace("''", "'")
-        names = [n for n in (cat.name, "system") if pattern is None or fnmatch.fnmatchcase(
+        offered = (cat.name, "system", *(["memory"] if cat.scratch else []))
+        names = [n for n in offered if pattern is None or fnmatch.fnmatchcase(
             n, pattern.replace("%", "*").replace("_", "?"))]
         return _local([("Catalog", "VARCHAR")], [(n,) for n in names])
     if m := _SHOW_SCHEMAS.match(text):
+        if cat.scratch and (_unquote(m.group(1)) if m.group(1) else session.catalog) == "memory":
+            return Plan("query", target="scratch", template_sql=text, sql=(
+                'SELECT schema_name AS "Schema" FROM information_schema.schemata WHERE catalog_name = \'memory\' '
+                f'AND {_like("schema_name", m.group(2), m.group(3))} ORDER BY 1'))
         if m.group(1) and _unquote(m.group(1)) != cat.name.lower():
             return _refused("CATALOG_NOT_FOUND", f"Catalog '{_unquote(m.group(1))}' not found")
         return (f'SELECT schema_name AS "Schema" FROM ({views[(cat.name, "information_schema", "schemata")]}) '
@@ -410,6 +449,11 @@ def _show(text: str, cat: Catalog, session: Session) -> str | Plan | None:
     if m := _SHOW_TABLES.match(text):
         parts = _parts(m.group(1) or "") or [schema_now]
         schema = parts[-1]
+        in_catalog = parts[0] if len(parts) > 1 else session.catalog
+        if cat.scratch and in_catalog == "memory":
+            return Plan("query", target="scratch", template_sql=text, sql=(
+                f'SELECT table_name AS "Table" FROM information_schema.tables WHERE table_catalog = \'memory\' '
+                f"AND table_schema = {_literal(schema)} AND {_like('table_name', m.group(2), m.group(3))} ORDER BY 1"))
         return (f'SELECT table_name AS "Table" FROM ({views[(cat.name, "information_schema", "tables")]}) '
                 f"WHERE table_schema = {_literal(schema)} AND {_like('table_name', m.group(2), m.group(3))} "
                 f"ORDER BY 1")
@@ -440,21 +484,22 @@ def _show(text: str, cat: Catalog, session: Session) -> str | Plan | None:
 
 @functools.lru_cache(maxsize=4096)
 def _checked(text: str, cat: Catalog, catalog: str | None, schema: str | None
-             ) -> tuple[str, tuple[str | None, ...] | None]:
-    """:func:`_translate`, then the clusters' own rule on what they will run (one read statement)."""
-    sql, names = _translate(text, cat, catalog, schema)
-    verdict = check_statement(sql)
+             ) -> tuple[str, tuple[str | None, ...] | None, str]:
+    """:func:`_translate`, then the workers' own rule on what they will run (one read statement; the scratch
+    worker's writes)."""
+    sql, names, target = _translate(text, cat, catalog, schema)
+    verdict = check_statement(sql, writes=target == "scratch")
     if verdict.refused:
         raise _PlanError(verdict.error_name, verdict.message)
-    return sql, names
+    return sql, names, target
 
 
 def _query(text: str, cat: Catalog, session: Session, template: str | None = None) -> Plan:
     try:
-        sql, names = _checked(text, cat, session.catalog, session.schema)
+        sql, names, target = _checked(text, cat, session.catalog, session.schema)
     except _PlanError as exc:
         return _refused(exc.name, exc.message)
-    return Plan("query", sql=sql, template_sql=template or text, names=names)
+    return Plan("query", sql=sql, template_sql=template or text, names=names, target=target)
 
 
 def plan(text: str, cat: Catalog, session: Session | None = None) -> Plan:

@@ -98,6 +98,9 @@ _USER_ERRORS = {
 }
 
 
+#: The cluster id of the ``memory`` catalog's scratch worker (never routed to, never autoscaled).
+SCRATCH = "scratch"
+
 #: Upper bounds (seconds) of the attempt-latency histogram's buckets (Prometheus' ``le``).
 ATTEMPT_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -193,6 +196,11 @@ class GatewayOptions:
             before they are cancelled.
         catalog: the Trino catalog name of the warehouse (``None``: the
             database file's stem, non-word characters as ``_``).
+        scratch_memory_limit: the ``memory`` catalog: one scratch worker per
+            gateway whose in-memory database clients may write (``CREATE
+            TABLE memory.default.t AS ...``), bounded by this DuckDB size,
+            cleared at restart; the warehouse stays read-only. ``None``: no
+            memory catalog.
     """
 
     cluster_sizes: tuple[int, ...] = (1, 1)
@@ -223,6 +231,7 @@ class GatewayOptions:
     explain_timeout_s: float = 5.0
     drain_grace_s: float = 30.0
     catalog: str | None = None
+    scratch_memory_limit: str | None = "256MB"
 
     def validate(self) -> None:
         if self.router not in ROUTERS:
@@ -232,6 +241,10 @@ class GatewayOptions:
                                          for s in self.cluster_sizes):
             raise ValueError(f"The 'cluster_sizes' option of the gateway must list integers >= 1, "
                              f"got {list(self.cluster_sizes)!r}.")
+        if self.scratch_memory_limit is not None and not re.fullmatch(
+                r"\s*\d+(\.\d+)?\s*(b|kb|kib|mb|mib|gb|gib|tb|tib)\s*", self.scratch_memory_limit, re.IGNORECASE):
+            raise ValueError(f"The 'scratch_memory_limit' option of the gateway must be a DuckDB size such as "
+                             f"'256MB' (or None: no memory catalog), got {self.scratch_memory_limit!r}.")
         if self.catalog is not None and not re.fullmatch(r"[a-z_][a-z0-9_]*", self.catalog):
             raise ValueError(f"The 'catalog' option of the gateway must be a lower-case Trino identifier "
                              f"([a-z_][a-z0-9_]*), got {self.catalog!r}.")
@@ -374,13 +387,18 @@ class Gateway:
             pool_options["temp_dir_limit"] = opts.worker_temp_limit
         self.draining = False
         self.restarts: list[dict[str, Any]] = []
-        self.catalog = Catalog(opts.catalog or re.sub(r"\W", "_", self.db_path.name.split(".duckdb")[0]).lower())
+        self.catalog = Catalog(opts.catalog or re.sub(r"\W", "_", self.db_path.name.split(".duckdb")[0]).lower(),
+                               scratch=opts.scratch_memory_limit is not None)
+        self.scratch_attempts: dict[int, GatewayQuery] = {}  # attempts on the memory catalog's worker
         self.pool = DuckDBClusterPool(self.db_path, integer_division=True, **pool_options)
         try:
             ids = [f"c{i}" for i in range(len(opts.cluster_sizes))]
             for cid, size in zip(ids, opts.cluster_sizes, strict=True):
                 self.pool.spin_up(size, cluster_id=cid)
-            for cid in ids:
+            if opts.scratch_memory_limit is not None:
+                self.pool.spin_up(1, cluster_id=SCRATCH, scratch_catalog=self.catalog.name,
+                                  memory_limit=opts.scratch_memory_limit)
+            for cid in [*ids, *([SCRATCH] if opts.scratch_memory_limit is not None else [])]:
                 self.pool.wait_ready(cid, timeout_s=120.0)
         except BaseException:
             self.pool.close()
@@ -646,9 +664,53 @@ class Gateway:
                 q.columns = list(verdict.columns)
                 self._add_page(q, None, list(verdict.columns), [list(r) for r in verdict.rows])
                 self._finish(q, now, None, "session")
+            elif verdict.target == "scratch":
+                self._run_scratch(q, now)
             else:
                 self._admit(q, now)
             return q
+
+    def _run_scratch(self, q: GatewayQuery, now: float) -> None:
+        """A statement on the ``memory`` catalog: straight to the scratch worker (no routing, not logged)."""
+        attempt_id = next(self._attempt_ids)
+        q.outcome, q.state = "scratch", "RUNNING"
+        q.attempts.append({"attempt": 1, "attempt_id": attempt_id, "cluster_id": SCRATCH, "arrival_s": now,
+                           "predicted_s": None, "status": "running", "fallback": None})
+        self.scratch_attempts[attempt_id] = q
+        timeout = self.policy.run_time_s(q.klass)
+        try:
+            self.pool.submit(SCRATCH, QueryRequest(
+                attempt_id, q.sql, timeout_s=timeout, stream=True, page_rows=self.options.page_rows,
+                buffer_pages=self.options.buffer_pages, raw_pages=True,
+                on_page=lambda columns, rows, q=q, a=attempt_id: self._add_page(q, a, columns, rows)))
+        except ClusterPoolError as exc:
+            self.scratch_attempts.pop(attempt_id, None)
+            self._finish(q, now, error("NO_NODES_AVAILABLE", f"The memory catalog's worker is gone: {exc}"),
+                         "failed")
+
+    def _scratch_ended(self, attempt_id: int, done: QueryCompletion) -> None:
+        q = self.scratch_attempts.pop(attempt_id)
+        end = done.end_s - self.base
+        q.attempts[-1].update(status=done.status, error=done.error or None, start_s=done.start_s - self.base,
+                              end_s=end)
+        if q.done.is_set():
+            return
+        if done.status == "ok":
+            if q.columns is None:
+                q.columns = trino_names(q.names, [(str(n), str(t)) for n, t in done.columns or ()])
+            if q.rows == 0 and [t for _, t in q.columns or []] in ([], ["BOOLEAN"]):
+                q.columns = [("result", "BOOLEAN")]  # DDL (DROP, CREATE TABLE): Trino's clients get `true`
+                self._add_page(q, attempt_id, q.columns, [[True]])
+            self._finish(q, end, None, "scratch")
+        elif done.status == "timeout":
+            self._finish(q, end, error("EXCEEDED_TIME_LIMIT", f"Query exceeded the maximum run time of "
+                                       f"{self.policy.run_time_s(q.klass):g} s."), "failed")
+        else:
+            err = _query_error(done.error) or error("GENERIC_INTERNAL_ERROR", done.error or "failed")
+            if err.name == "EXCEEDED_LOCAL_MEMORY_LIMIT":
+                err = error(err.name, f"The memory catalog is full (its limit is "
+                                      f"{self.options.scratch_memory_limit}): {done.error}")
+            self._finish(q, end, err, "failed")
 
     def _admit(self, q: GatewayQuery, now: float) -> None:
         verdict = self.gate.on_arrival(q, q.klass, not self.options.admission or self._meets(q, now))
@@ -753,7 +815,8 @@ class Gateway:
             attempt = q.streaming_attempt
         if freed and attempt is not None and not q.done.is_set():
             with self.lock:
-                placed = self.attempts.get(attempt)
+                placed = self.attempts.get(attempt) or (
+                    (q, SCRATCH) if attempt in self.scratch_attempts else None)
             if placed is not None:
                 with contextlib.suppress(ClusterPoolError, AttributeError):
                     self.pool.credit(placed[1], attempt, len(freed))
@@ -784,6 +847,8 @@ class Gateway:
             for completion in sorted(done, key=lambda c: c.end_s):
                 if completion.query_id in self.attempts:
                     self._attempt_ended(completion.query_id, completion)
+                elif completion.query_id in self.scratch_attempts:
+                    self._scratch_ended(completion.query_id, completion)
             now = self.now_s()
             ready = len(self.managed.routable(now))
             self._check_clusters(now)
@@ -810,7 +875,8 @@ class Gateway:
         The query log's plan features come from here: the gateway process
         never plans or runs client SQL itself. Never takes :attr:`lock`.
         """
-        ready = [info.cluster_id for info in self.pool.clusters() if info.state == "ready"]
+        ready = [info.cluster_id for info in self.pool.clusters()
+                 if info.state == "ready" and info.cluster_id != SCRATCH]
         if not ready:
             raise ClusterPoolError("no ready cluster to plan the query on")
         return self.pool.explain(ready[0], sql, timeout_s=self.options.explain_timeout_s)
@@ -831,6 +897,17 @@ class Gateway:
         """
         self._refresh_ready(now)
         infos = {info.cluster_id: info for info in self.pool.clusters()}
+        scratch = infos.get(SCRATCH)
+        if scratch is not None and scratch.state in ("stopped", "failed") and not self._stop.is_set():
+            t = time.monotonic()  # the memory catalog's worker died: its tables are gone; start an empty one
+            why = f"the memory catalog's worker stopped ({scratch.state})"
+            for attempt_id in list(self.scratch_attempts):
+                self._scratch_ended(attempt_id, QueryCompletion(attempt_id, SCRATCH, t, t, "error", why))
+            with contextlib.suppress(ClusterPoolError):
+                self.pool.spin_up(1, cluster_id=SCRATCH, scratch_catalog=self.catalog.name,
+                                  memory_limit=self.options.scratch_memory_limit)
+            self.restarts.append({"t": now, "cluster_id": SCRATCH, "replacement": SCRATCH,
+                                  "why": getattr(scratch, "failure", "") or scratch.state})
         for cid, cluster in list(self.managed.clusters.items()):
             info = infos.get(cid)
             if cluster.torn_down or info is None or info.state not in ("stopped", "failed"):
@@ -970,7 +1047,8 @@ class Gateway:
     def _cancel_locked(self, q: GatewayQuery, err: TrinoError, outcome: str) -> None:
         """Fail ``q`` with ``err``, take it out of its queue, interrupt its attempts, drop its pages (lock held)."""
         self.gate.remove(q)
-        running = [(aid, cid) for aid, (other, cid) in self.attempts.items() if other is q]
+        running = [(aid, cid) for aid, (other, cid) in self.attempts.items() if other is q] + [
+            (aid, SCRATCH) for aid, other in self.scratch_attempts.items() if other is q]
         self._finish(q, self.now_s(), err, outcome)
         with q.page_lock:
             q.pages.clear()

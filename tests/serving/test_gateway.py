@@ -22,7 +22,8 @@ def served(tpch_db, tmp_path_factory):
     from sloctl.serving.local import LocalServer
 
     log_dir = tmp_path_factory.mktemp("gateway-logs")
-    gateway = Gateway(tpch_db, GatewayOptions(cluster_sizes=(1, 1), router="least-queued", log_dir=log_dir)).start()
+    gateway = Gateway(tpch_db, GatewayOptions(cluster_sizes=(1, 1), router="least-queued", log_dir=log_dir,
+                                              scratch_memory_limit="32MB")).start()
     try:
         with LocalServer(create_gateway_app(gateway)) as client:
             yield gateway, client, log_dir
@@ -214,7 +215,7 @@ def test_catalog_statements_answer_as_trino(served, tpch_db):
         cur.execute(sql)
         return cur.fetchall()
 
-    assert rows("SHOW CATALOGS") == [[cat], ["system"]]
+    assert rows("SHOW CATALOGS") == [[cat], ["system"], ["memory"]]
     assert rows(f"SHOW SCHEMAS FROM {cat}") == [["information_schema"], ["main"]]
     assert ["lineitem"] in rows("SHOW TABLES") and rows("SHOW TABLES LIKE 'nat%'") == [["nation"]]
     assert rows("SHOW COLUMNS FROM nation")[0] == ["n_nationkey", "integer", "", ""]
@@ -419,3 +420,41 @@ def test_metrics_query_list_and_admission_state(served):
     assert mine[0]["query"] == "SELECT count(*) FROM nation" and mine[0]["state"] == "FINISHED"
     assert {q["user"] for q in mine} == {"lister"}  # a user lists its own queries only
     assert client.get("/v1/query?limit=0", headers={"X-Trino-User": "lister"}).status_code == 400
+
+
+def test_memory_catalog_takes_scratch_tables_and_stays_bounded(served, tpch_db):
+    """Trino's `memory` catalog: one writable in-memory database per gateway, joins with the warehouse, bounded."""
+    import trino
+
+    gateway, client, _ = served
+    cur = _connect(client).cursor()
+
+    def run(sql):
+        cur.execute(sql)
+        return cur.fetchall()
+
+    assert ["memory"] in run("SHOW CATALOGS")
+    assert run("CREATE TABLE memory.default.picks AS SELECT n_nationkey, n_name FROM nation WHERE n_regionkey = 1") \
+        == [[5]]
+    assert run("INSERT INTO memory.default.picks VALUES (99, 'NOWHERE')") == [[1]]
+    assert run("SHOW TABLES FROM memory.default") == [["picks"]]
+    joined = run("SELECT p.n_name, count(*) FROM memory.default.picks p JOIN customer ON c_nationkey = p.n_nationkey "
+                 "GROUP BY 1 ORDER BY 1")
+    assert joined == [list(r) for r in _duckdb_rows(
+        tpch_db, "SELECT n_name, count(*) FROM nation JOIN customer ON c_nationkey = n_nationkey "
+                 "WHERE n_regionkey = 1 GROUP BY 1 ORDER BY 1")]
+    other = _connect(client, user="someone-else").cursor()  # one catalog per gateway, not per session
+    other.execute("SELECT count(*) FROM memory.default.picks")
+    assert other.fetchall() == [[6]]
+    for sql, name in (("CREATE TABLE nation_copy AS SELECT * FROM nation", "PERMISSION_DENIED"),
+                      ("DELETE FROM nation", "PERMISSION_DENIED"),
+                      ("CREATE TABLE memory.default.huge AS SELECT md5(CAST(x AS varchar)) AS h "
+                       "FROM UNNEST(sequence(1, 4000000)) AS t(x)",  # 64 MB of digests, over the 32 MB
+                       "EXCEEDED_LOCAL_MEMORY_LIMIT")):
+        with pytest.raises(trino.exceptions.TrinoUserError if name == "PERMISSION_DENIED"
+                           else trino.exceptions.TrinoQueryError) as caught:
+            run(sql)
+        assert caught.value.error_name == name, (sql, caught.value)
+    assert run("DROP TABLE memory.default.picks") == [[True]]
+    assert run("SHOW TABLES FROM memory.default") == []
+    assert run("SELECT count(*) FROM nation") == [[25]]  # the warehouse untouched
