@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from bench_gateway_memory import children, rss_mb  # the same /proc readings (run as a script from benchmarks/)
+
 _FLOOR_APP = '''
 import sys, uvicorn
 from fastapi import FastAPI
@@ -42,23 +44,6 @@ async def statement():
     return {"id": "x", "stats": {"state": "FINISHED"}}
 uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 '''
-
-
-def rss_mb(pid: int) -> float:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return float("nan")
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def pct(values: list[float], q: float) -> float:

@@ -514,9 +514,9 @@ def plan(text: str, cat: Catalog, session: Session | None = None) -> Plan:
         return _local([("result", "BOOLEAN")], [(True,)], (header,))
     if m := _USE.match(text):
         first, second = _unquote(m.group(1)), m.group(2) and _unquote(m.group(2))
-        if second is not None and first != cat.name.lower():
+        if second is not None and first not in (cat.name.lower(), *(["memory"] if cat.scratch else [])):
             return _refused("CATALOG_NOT_FOUND", f"Catalog '{first}' not found")
-        headers = ((("X-Trino-Set-Catalog", cat.name),) if second is not None else ()) + (
+        headers = ((("X-Trino-Set-Catalog", first),) if second is not None else ()) + (
             ("X-Trino-Set-Schema", second or first),)
         return _local([("result", "BOOLEAN")], [(True,)], headers)
     if m := _PREPARE.match(text):

@@ -64,6 +64,13 @@ def test_session_statements_answer_with_trinos_headers():
     assert plan("USE main", CAT).headers == (("X-Trino-Set-Schema", "main"),)
     assert plan("SET SESSION slo_s = 2", CAT).headers == (("X-Trino-Set-Session", "slo_s=2"),)
     assert plan("SHOW CATALOGS LIKE 'sys%'", CAT).rows == (("system",),)
+    scratch = Catalog("tpch", scratch=True)
+    assert plan("USE memory.default", scratch).headers == (("X-Trino-Set-Catalog", "memory"),
+                                                           ("X-Trino-Set-Schema", "default"))
+    in_memory = plan("CREATE TABLE t AS SELECT * FROM tpch.main.nation", scratch,
+                     Session(catalog="memory", schema="default"))
+    assert in_memory.target == "scratch" and 'memory."default".t' in in_memory.sql
+    assert plan("USE memory.default", CAT).error_name == "CATALOG_NOT_FOUND"  # no memory catalog offered
 
 
 def test_catalog_views_have_trinos_layout_and_type_names(tpch_db):
