@@ -307,50 +307,53 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
     return app
 
 
-def _label(value: Any) -> str:
-    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
 def render_metrics(view: dict[str, Any]) -> str:
     """The gateway's queries, queues, attempt latencies and clusters in Prometheus' text format (the log adds its
-    own)."""
-    lines = ["# HELP sloctl_gateway_queries_total Queries by what happened to them.",
-             "# TYPE sloctl_gateway_queries_total counter"]
-    lines += [f'sloctl_gateway_queries_total{{event="{name}"}} {value}' for name, value in view["counts"].items()]
-    lines += ["# HELP sloctl_gateway_query_outcomes_total Ended queries by class, Trino state and outcome "
-              "(admitted, deferred, shed, session, or the Trino error name).",
-              "# TYPE sloctl_gateway_query_outcomes_total counter"]
-    lines += [f'sloctl_gateway_query_outcomes_total{{class="{_label(o["class"])}",state="{o["state"]}",'
-              f'outcome="{_label(o["outcome"])}"}} {o["queries"]}' for o in view.get("outcomes", [])]
-    lines += ["# HELP sloctl_gateway_queue_length Queries deferred by the SLO gate, by class.",
-              "# TYPE sloctl_gateway_queue_length gauge"]
-    lines += [f'sloctl_gateway_queue_length{{class="{_label(k)}"}} {n}' for k, n in view.get("waiting", {}).items()]
-    lines += ["# HELP sloctl_gateway_queries_running Queries running on a cluster now.",
-              "# TYPE sloctl_gateway_queries_running gauge",
-              f"sloctl_gateway_queries_running {view.get('queries_running', 0)}",
-              "# HELP sloctl_gateway_admission_active 1 when admission acts on a loaded latency model.",
-              "# TYPE sloctl_gateway_admission_active gauge",
-              f"sloctl_gateway_admission_active {int(bool(view.get('admission_active')))}"]
-    hist = view.get("attempt_latency")
-    if hist:
-        lines += ["# HELP sloctl_gateway_attempt_seconds Attempt latency (placement to end), by status.",
-                  "# TYPE sloctl_gateway_attempt_seconds histogram"]
-        for status, counts in hist["counts"].items():
-            for bound, count in zip([*hist["bounds_s"], "+Inf"], counts, strict=True):
-                lines.append(f'sloctl_gateway_attempt_seconds_bucket{{status="{status}",le="{bound}"}} {count}')
-            lines += [f'sloctl_gateway_attempt_seconds_sum{{status="{status}"}} {hist["sums_s"][status]:.6f}',
-                      f'sloctl_gateway_attempt_seconds_count{{status="{status}"}} {counts[-1]}']
-    lines += ["# HELP sloctl_gateway_cluster_ready Each cluster: 1 taking queries, 0 starting or torn down.",
-              "# TYPE sloctl_gateway_cluster_ready gauge"]
-    lines += [f'sloctl_gateway_cluster_ready{{cluster="{c["cluster_id"]}",size="{c["size"]}"}} {int(bool(c["ready"]))}'
-              for c in view["clusters"]]
-    lines += ["# HELP sloctl_gateway_cluster_running Attempts running on each cluster.",
-              "# TYPE sloctl_gateway_cluster_running gauge"]
-    lines += [f'sloctl_gateway_cluster_running{{cluster="{c["cluster_id"]}"}} {c["running"]}' for c in view["clusters"]]
-    lines += ["# HELP sloctl_gateway_worker_restarts_total Cluster workers replaced after they died.",
-              "# TYPE sloctl_gateway_worker_restarts_total counter",
-              f"sloctl_gateway_worker_restarts_total {view.get('restarts_total', 0)}",
-              "# HELP sloctl_gateway_ready_clusters Clusters taking queries now.",
-              "# TYPE sloctl_gateway_ready_clusters gauge",
-              f"sloctl_gateway_ready_clusters {sum(bool(c['ready']) for c in view['clusters'])}"]
-    return "\n".join(lines) + "\n"
+    own), written by ``prometheus_client`` from the ``/v1/gateway`` view."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    def families() -> Any:
+        queries = CounterMetricFamily("sloctl_gateway_queries", "Queries by what happened to them.", labels=["event"])
+        for name, value in view["counts"].items():
+            queries.add_metric([name], value)
+        yield queries
+        outcomes = CounterMetricFamily("sloctl_gateway_query_outcomes", "Ended queries by class, Trino state and "
+                                       "outcome (admitted, deferred, shed, session, or the Trino error name).",
+                                       labels=["class", "state", "outcome"])
+        for o in view.get("outcomes", []):
+            outcomes.add_metric([o["class"], o["state"], o["outcome"]], o["queries"])
+        yield outcomes
+        queue = GaugeMetricFamily("sloctl_gateway_queue_length", "Queries deferred by the SLO gate, by class.",
+                                  labels=["class"])
+        for klass, n in view.get("waiting", {}).items():
+            queue.add_metric([klass], n)
+        yield queue
+        yield GaugeMetricFamily("sloctl_gateway_queries_running", "Queries running on a cluster now.",
+                                value=view.get("queries_running", 0))
+        yield GaugeMetricFamily("sloctl_gateway_admission_active", "1 when admission acts on a loaded latency model.",
+                                value=int(bool(view.get("admission_active"))))
+        hist = view.get("attempt_latency")
+        if hist:
+            latency = HistogramMetricFamily("sloctl_gateway_attempt_seconds", "Attempt latency (placement to end), "
+                                            "by status.", labels=["status"])
+            for status, counts in hist["counts"].items():
+                bounds = [*(repr(float(b)) for b in hist["bounds_s"]), "+Inf"]
+                latency.add_metric([status], list(zip(bounds, counts, strict=True)), hist["sums_s"][status])
+            yield latency
+        ready = GaugeMetricFamily("sloctl_gateway_cluster_ready", "Each cluster: 1 taking queries, 0 starting or torn "
+                                  "down.", labels=["cluster", "size"])
+        running = GaugeMetricFamily("sloctl_gateway_cluster_running", "Attempts running on each cluster.",
+                                    labels=["cluster"])
+        for c in view["clusters"]:
+            ready.add_metric([c["cluster_id"], str(c["size"])], int(bool(c["ready"])))
+            running.add_metric([c["cluster_id"]], c["running"])
+        yield from (ready, running)
+        yield CounterMetricFamily("sloctl_gateway_worker_restarts", "Cluster workers replaced after they died.",
+                                  value=view.get("restarts_total", 0))
+        yield GaugeMetricFamily("sloctl_gateway_ready_clusters", "Clusters taking queries now.",
+                                value=sum(bool(c["ready"]) for c in view["clusters"]))
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(type("GatewayView", (), {"collect": staticmethod(families)})())
+    return generate_latest(registry).decode()

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sloctl.serving.gateway.sql import SESSION_PROPERTIES, check_statement
-from sloctl.serving.gateway.trino import _SIMPLE
+from sloctl.serving.gateway.trino import SIMPLE_TYPES
 
 __all__ = ["Catalog", "Plan", "Session", "parse_prepared", "plan"]
 
@@ -158,7 +158,7 @@ def parse_prepared(header: str | None) -> dict[str, str]:
 # -- Trino's catalog views, computed on the cluster from DuckDB's own ---------------------------------
 def _type_case(column: str) -> str:
     """SQL turning a DuckDB type name in ``column`` into Trino's (as :func:`.trino.trino_type` does)."""
-    whens = " ".join(f"WHEN {_literal(k)} THEN {_literal(v)}" for k, v in _SIMPLE.items() if '"' not in k)
+    whens = " ".join(f"WHEN {_literal(k)} THEN {_literal(v)}" for k, v in SIMPLE_TYPES.items())
     return (f"CASE upper({column}) {whens} ELSE CASE WHEN {column} LIKE 'DECIMAL(%' "
             f"THEN lower(replace({column}, ' ', '')) ELSE lower({column}) END END")
 

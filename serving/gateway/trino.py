@@ -27,9 +27,10 @@ from typing import Any
 
 from sloctl.datasets.duckdb_types import DuckType, parse_type
 
-__all__ = ["TrinoError", "column", "error_doc", "stats_doc", "trino_type"]
+__all__ = ["SIMPLE_TYPES", "TrinoError", "column", "error_doc", "stats_doc", "trino_type"]
 
-_SIMPLE = {
+#: DuckDB type names with one Trino name each (the rest are built: decimals, arrays, maps, rows).
+SIMPLE_TYPES = {
     "BOOLEAN": "boolean", "TINYINT": "tinyint", "SMALLINT": "smallint", "INTEGER": "integer", "BIGINT": "bigint",
     "UTINYINT": "smallint", "USMALLINT": "integer", "UINTEGER": "bigint", "UBIGINT": "decimal(20,0)",
     "HUGEINT": "decimal(38,0)", "UHUGEINT": "decimal(38,0)", "FLOAT": "real", "DOUBLE": "double",
@@ -43,8 +44,8 @@ _NAMED = re.compile(r"^[a-z_][a-z0-9_]*$")
 
 
 def _trino_name(t: DuckType) -> str:
-    if t.name in _SIMPLE:
-        return _SIMPLE[t.name]
+    if t.name in SIMPLE_TYPES:
+        return SIMPLE_TYPES[t.name]
     if t.name == "DECIMAL" and len(t.params) == 2:
         return f"decimal({t.params[0]},{t.params[1]})"
     if t.name in ("LIST", "ARRAY"):
