@@ -13,6 +13,7 @@ __all__ = [
     "FeatureError",
     "QueryLogError",
     "SloctlError",
+    "TraceFormatError",
     "WorkloadError",
 ]
 
@@ -31,6 +32,10 @@ class QueryLogError(SloctlError, ValueError):
 
 class FeatureError(SloctlError, ValueError):
     """A model needs features (plan, SQL text, catalog) that a request or log cannot give."""
+
+
+class TraceFormatError(SloctlError, ValueError):
+    """A trace or access-log file is not in the format asked for, or in none that sloctl reads."""
 
 
 class WorkloadError(SloctlError, ValueError):
