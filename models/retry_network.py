@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 RoutingMode = Literal["independent", "exclusive"]
-_TOP_KEYS = {"services", "classes", "arrivals", "routing", "routing_mode", "retry_delay_s", "requests"}
+_TOP_KEYS = {"services", "classes", "arrivals", "routing", "routing_mode", "retry_delay_s", "requests", "provenance"}
 _SERVICE_KEYS = {"capacity_per_s", "buffer", "service_cv"}
 _CLASS_KEYS = {"retries", "weight"}
 
@@ -105,6 +105,7 @@ class NetworkSpec:
     retry_delay_s: float | None = None
     weights: Mapping[str, float] = field(default_factory=dict)
     requests: tuple[RequestType, ...] = ()
+    provenance: Mapping[str, Any] = field(default_factory=dict)
 
     # -- indexing -----------------------------------------------------------------
     @property
@@ -224,6 +225,8 @@ class NetworkSpec:
             out["retry_delay_s"] = self.retry_delay_s
         if self.requests:
             out["requests"] = {r.name: {"class": r.klass, "path": list(r.path)} for r in self.requests}
+        if self.provenance:
+            out["provenance"] = dict(self.provenance)
         return out
 
 
@@ -274,9 +277,13 @@ def network_from_mapping(raw: Any, *, source: str = "<network>") -> NetworkSpec:
     if delay is not None and not (_is_number(delay) and delay > 0):
         raise fail(f"retry_delay_s must be a positive number of seconds, got {delay!r}.")
     requests = _parse_requests(raw.get("requests") or {}, classes, names, fail)
+    provenance = raw.get("provenance") or {}
+    if not isinstance(provenance, Mapping):
+        raise fail(f"provenance must be a mapping (what the network was fitted from), "
+                   f"got {type(provenance).__name__}.")
     spec = NetworkSpec(services=services, classes=classes, retries=retries, arrivals=arrivals, routing=routing,
                        routing_mode=mode, retry_delay_s=None if delay is None else float(delay),
-                       weights=weights, requests=requests)
+                       weights=weights, requests=requests, provenance=dict(provenance))
     for klass in classes:
         radius = float(np.max(np.abs(np.linalg.eigvals(spec.routing_matrix(klass))))) if names else 0.0
         if radius >= 1.0:

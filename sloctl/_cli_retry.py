@@ -174,7 +174,17 @@ def _sweep_line(p: dict) -> str:
 
 @retry_app.command("optimise")
 def optimise_cmd(
-    network: Path = NetworkOption,
+    network: Path | None = typer.Option(None, "--network", "-n", help=NetworkOption.help + " Or --traces."),
+    traces: list[Path] = typer.Option([], "--traces", "-t", help="Fit the network from these traces or Envoy "
+                                      "access logs first (files or folders; as `sloctl fit network`)."),
+    name: str | None = typer.Option(None, "--name", help="The network's name in the registry (default: the file's "
+                                    "stem; with --traces, the first trace folder's name)."),
+    fitted_out: Path | None = typer.Option(None, "--fitted-out", help="With --traces: also write the fitted "
+                                           "network file here."),
+    sampling: float = typer.Option(1.0, help="With --traces: the fraction of traces kept (see fit network)."),
+    weight: list[str] = typer.Option([], "--weight", help="With --traces: CLASS=W, the value of a success."),
+    buffer: list[str] = typer.Option([], "--buffer", help="With --traces: SERVICE=N from config."),
+    retries_cfg: list[str] = typer.Option([], "--retries", help="With --traces: CLASS=K seen limits from config."),
     model: str = ModelOption,
     objective: str = typer.Option("goodput", help="goodput (weighted by class weight) or targets."),
     target: list[str] = typer.Option([], help="Per-class end-to-end rejection target, CLASS=X (repeatable)."),
@@ -192,11 +202,16 @@ def optimise_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the policy as JSON."),
     config: Path | None = ConfigOption,
 ) -> None:
-    """Choose per-class retry budgets with the analysis, confirm them in the simulator, register them."""
+    """Choose per-class retry budgets with the analysis, confirm them in the simulator, register them.
+
+    With --traces the network is first fitted from traces or access logs (as
+    `sloctl fit network`) and registered with their provenance (files, hashes,
+    window).
+    """
     from sloctl.core.progress import progress
     from sloctl.training.retry_budget import BudgetSearch, confirm_by_simulation, optimise_budgets
 
-    spec = _load(network)
+    spec, network = _network_or_traces(network, traces, name, fitted_out, sampling, weight, buffer, retries_cfg)
     targets = _parse_targets(target)
     search = BudgetSearch(objective=objective, targets=targets, max_amplification=max_amplification,
                           max_retries=max_retries, per_hop=per_hop, model=model)
@@ -218,6 +233,30 @@ def optimise_cmd(
         typer.echo(json.dumps(doc))
     else:
         _print_budgets(policy)
+
+
+def _network_or_traces(network: Path | None, traces: list[Path], name: str | None, fitted_out: Path | None,
+                       sampling: float, weight: list[str], buffer: list[str], retries: list[str]):
+    """The network to optimise (a file, or fitted from traces) and the name it is registered under."""
+    if (network is None) == (not traces):
+        raise typer.BadParameter("give a network file (--network) or traces to fit one from (--traces), not both",
+                                 param_hint="--network / --traces")
+    if network is not None:
+        return _load(network), Path(name) if name else network
+    from sloctl._cli_fit import fit_from_cli
+
+    fitted = fit_from_cli(traces, fmt=None, class_attribute="sloctl.class", sampling=sampling, buffers=buffer,
+                          retries=retries, servers=[], weights=weight, window=None, log_format=None)
+    for service, reason in fitted.report["unfitted"].items():
+        echo(f"not fitted: {service}: {reason}")
+    if fitted_out is not None:
+        from sloctl.core.files import atomic_write
+
+        with atomic_write(fitted_out, "w") as f:
+            f.write(fitted.to_yaml())
+        echo(f"wrote {fitted_out}")
+    first = traces[0] if traces[0].is_dir() else traces[0].parent
+    return fitted.spec(), Path(name or first.resolve().name)
 
 
 def _parse_targets(target: list[str]) -> dict[str, float]:

@@ -31,6 +31,7 @@ from sloctl._cli_common import (
 )
 from sloctl._cli_errors import SloctlGroup
 from sloctl._cli_experiments import experiment_app
+from sloctl._cli_fit import fit_app
 from sloctl._cli_forecast import forecast_app
 from sloctl._cli_gateway import gateway_cmd, gateway_passwd_cmd
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
@@ -63,6 +64,7 @@ tune_app.command("policy")(tune_policy_cmd)
 app.add_typer(tune_app, name="tune")
 app.add_typer(experiment_app, name="experiment")
 app.add_typer(retry_app, name="retry")
+app.add_typer(fit_app, name="fit")
 app.add_typer(sidecar_app, name="sidecar")
 app.add_typer(forecast_app, name="forecast")
 app.command("predict")(predict_cmd)

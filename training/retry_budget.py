@@ -220,7 +220,6 @@ def confirm_by_simulation(policy: RetryPolicy, *, seed: int = 0, duration_s: flo
     """``policy`` with its budgets also run in the discrete-event simulator (per-class rejection with CIs)."""
     from dataclasses import replace
 
-
     spec = network_from_mapping(policy.network, source="<policy>")
     sim = simulate_network(spec, seed=seed, duration_s=duration_s).to_json()
     simulated = {c: {"end_to_end_rejection": v["end_to_end_rejection"],
@@ -318,6 +317,14 @@ def register_retry_policy(policy: RetryPolicy, *, tracking_uri: str, experiment:
     load = {"network": net_name, "network_hash": policy_hash({"network": policy.network, "retries": {}}),
             "offered_rho": f"{offered_rho(spec):.6g}", "arrivals_per_s": f"{arrivals:.6g}",
             "load_scale": f"{float(policy.search.get('load_scale', 1.0)):.6g}"}
+    fitted = policy.network.get("provenance") or {}
+    if fitted:  # a network fitted from traces: which files (and their hashes) over which window
+        files = fitted.get("files", [])
+        window = fitted.get("window") or {}
+        load.update({"fitted_from": str(fitted.get("fitted_from", "")),
+                     "trace_files": ",".join(str(f["path"]).rsplit("/", 1)[-1] for f in files)[:5000],
+                     "trace_sha256": ",".join(f["sha256"][:16] for f in files)[:5000],
+                     "trace_window_s": f"{window.get('start_s', '')}:{window.get('end_s', '')}"})
     provenance = {"data_hash": policy_hash({"network": policy.network, "retries": policy.retries}),
                   **policy.provenance, **({"source": source} if source else {}), **load}
     policy = replace(policy, provenance=provenance)
