@@ -55,6 +55,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sloctl.experiments._retry_tracing import CALLER_HEADER as _CALLER
+from sloctl.experiments._retry_tracing import Tracing as _Tracing
 from sloctl.models.retry import solve_network
 from sloctl.models.retry_network import NetworkSpec, load_network, network_from_mapping
 from sloctl.serving.local import free_port
@@ -64,6 +66,7 @@ from sloctl.simulation.retry_sweep import sweep_spec
 __all__ = ["RetryTestbed", "retry_live_experiment", "scaled_spec"]
 
 _HEADER = "x-priority"
+LOADGEN = "loadgen"  # the load generator's service name in traces
 
 
 # -- spec -------------------------------------------------------------------------------
@@ -105,6 +108,7 @@ async def _serve(config: Mapping[str, Any]) -> None:
     stats = {s: {c: {"attempts": 0, "rejected": 0, "served": 0, "failed_downstream": 0} for c in classes}
              for s in services}
     session = ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=None))
+    tracing = _Tracing(config.get("trace_path"), list(services), asyncio.get_running_loop().time)
 
     def draws(klass: str, service: str) -> list[str]:
         row = config["routing"].get(klass, {}).get(service, {})
@@ -121,14 +125,19 @@ async def _serve(config: Mapping[str, Any]) -> None:
             calls += [callee] * n
         return calls
 
-    async def call(callee: str, klass: str) -> bool:
+    async def call(caller: str, callee: str, klass: str, parent: Any, sent: float, request_id: str) -> bool:
         url = f"http://127.0.0.1:{services[callee]['sidecar_port']}/"
+        # the caller's name and the request id travel on, as a mesh asks of its applications
+        headers = {_HEADER: klass, _CALLER: caller, "x-request-id": request_id}
+        span = tracing.client(caller, callee, klass, parent, sent, headers)
         try:
-            async with session.get(url, headers={_HEADER: klass}) as resp:
+            async with session.get(url, headers=headers) as resp:
                 await resp.read()
-                return resp.status < 300
+                status = resp.status
         except Exception:  # noqa: BLE001 (any transport failure is a failed call)
-            return False
+            status = 599
+        tracing.end(span, status)
+        return status < 300
 
     def handler(name: str):
         mu, m = services[name]["mu"], services[name]["buffer"]
@@ -142,23 +151,30 @@ async def _serve(config: Mapping[str, Any]) -> None:
             row = stats[name].setdefault(klass, {"attempts": 0, "rejected": 0, "served": 0, "failed_downstream": 0})
             row["attempts"] += 1
             now = loop.time()
+            span = tracing.server(name, klass, request.headers, now)
             while departures and departures[0] <= now:
                 departures.popleft()  # the slot is free once the local service ends (the analysis's semantics)
             if len(departures) >= m:
                 row["rejected"] += 1
+                tracing.end(span, 503, now)
                 return web.Response(status=503)
             # FIFO single server kept in virtual time: the departure is fixed on arrival, so a late
             # wake-up of this coroutine delays its answer but never the service of the attempts behind it.
-            last_departure = max(now, last_departure) + rng.expovariate(mu)
-            departures.append(last_departure)
-            await asyncio.sleep(last_departure - now)
+            departure = last_departure = max(now, last_departure) + rng.expovariate(mu)
+            departures.append(departure)
+            await asyncio.sleep(departure - now)
             row["served"] += 1
             callees = draws(klass, name)
-            if callees:
-                results = await asyncio.gather(*(call(c, klass) for c in callees))
+            if callees:  # the calls are sent when the service ends (their spans start then, on the model's clock)
+                rid = request.headers.get("x-request-id", "")
+                results = await asyncio.gather(*(call(name, c, klass, span, departure, rid) for c in callees))
                 if not all(results):
                     row["failed_downstream"] += 1
+                    tracing.end(span, 502)
                     return web.Response(status=502)  # not 503: the caller must not retry the sub-tree
+                tracing.end(span, 200)
+            else:
+                tracing.end(span, 200, departure)
             return web.Response(status=200)
 
         return handle
@@ -182,9 +198,14 @@ async def _serve(config: Mapping[str, Any]) -> None:
                     row[key] = 0
         return web.json_response({"ok": True})
 
+    async def trace_to(request: web.Request) -> web.Response:
+        tracing.rotate((await request.json())["path"])
+        return web.json_response({"ok": True})
+
     control = web.Application()
     control.router.add_get("/stats", get_stats)
     control.router.add_post("/reset", reset)
+    control.router.add_post("/trace", trace_to)
     runner = web.AppRunner(control, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", config["control_port"]).start()
@@ -196,6 +217,7 @@ async def _serve(config: Mapping[str, Any]) -> None:
     loop.add_signal_handler(signal.SIGINT, stop.set)
     await stop.wait()
     await session.close()
+    tracing.shutdown()
     for r in runners:
         await r.cleanup()
 
@@ -224,6 +246,10 @@ class RetryTestbed:
         per_try_timeout_s: Envoy's per-attempt timeout (default: the policy's, per class
             and service: long enough that only rejections end an attempt).
         startup_timeout_s: how long to wait for every process to be ready.
+        traced: instrument the services and the load generator with OpenTelemetry
+            (OTLP/JSON files) and give every sidecar an access log in
+            :data:`~sloctl.datasets.traces.SLOCTL_ACCESS_FORMAT`;
+            :meth:`collect` moves what they wrote since the last call into a folder.
 
     Every process it starts (one service process, one Envoy per service) runs in
     its own process group, and ``close()`` (or leaving the ``with`` block) stops
@@ -233,7 +259,8 @@ class RetryTestbed:
     def __init__(self, spec: NetworkSpec, k: Mapping[str, int | Mapping[str, int]], *, seed: int = 0,
                  base_interval_s: float | None = None, max_interval_s: float | None = None,
                  per_try_timeout_s: float | None = None,
-                 startup_timeout_s: float = 30.0) -> None:
+                 startup_timeout_s: float = 30.0, traced: bool = False) -> None:
+        self.traced = traced
         self.spec = spec
         self.k = k
         self.seed = seed
@@ -283,6 +310,9 @@ class RetryTestbed:
                 "control_port": self.control_port_,
             }
             tmp = Path(self.tmp_.name)
+            self.segment_ = 0
+            if self.traced:
+                config["trace_path"] = str(tmp / "services-0.jsonl")
             (tmp / "services.json").write_text(json.dumps(config))
             code = ("from sloctl.experiments.retry_live import _serve_main; "
                     f"_serve_main({str(tmp / 'services.json')!r})")
@@ -296,11 +326,12 @@ class RetryTestbed:
             for s in names:
                 boot = envoy_bootstrap(policy, service=s, listen_port=self.ports_[s]["sidecar_port"],
                                        upstream_port=self.ports_[s]["port"], admin_port=self.ports_[s]["admin_port"],
-                                       **self.timing_, per_try_timeout_s=self.per_try_timeout_s)
+                                       **self.timing_, per_try_timeout_s=self.per_try_timeout_s,
+                                       access_log_path=tmp / f"access-{s}.log" if self.traced else None)
                 path = tmp / f"envoy-{s}.json"
                 path.write_text(json.dumps(boot))
                 self._spawn([exe, "-c", str(path), "--disable-hot-restart", "--concurrency", "1",
-                             "--log-level", "error"], tmp / f"envoy-{s}.log")
+                             "--file-flush-interval-msec", "200", "--log-level", "error"], tmp / f"envoy-{s}.log")
             urls = [f"http://127.0.0.1:{self.ports_[s]['admin_port']}/ready" for s in names]
             urls.append(f"http://127.0.0.1:{self.control_port_}/stats")
             self._wait_ready(urls)
@@ -353,10 +384,41 @@ class RetryTestbed:
             self.tmp_ = None
 
     # -- measuring
-    def _control(self, path: str, method: str = "GET") -> Any:
-        req = urllib.request.Request(f"http://127.0.0.1:{self.control_port_}{path}", method=method)
+    def _control(self, path: str, method: str = "GET", body: Any = None, port: int | None = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{port or self.control_port_}{path}", method=method, data=data)
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.load(resp)
+            raw = resp.read()
+        return json.loads(raw) if port is None else raw
+
+    def collect(self, dest: str | Path) -> Path:
+        """Move the traces and access logs written since the last call into ``dest`` (a traced testbed only).
+
+        ``dest`` gets ``services.jsonl`` (the services' spans), ``loadgen.jsonl``
+        (the load generator's root spans, from :meth:`run_load`) and
+        ``access-<service>.log`` (each sidecar's access log).
+        """
+        if not self.traced:
+            raise RuntimeError("collect() needs a testbed started with traced=True.")
+        dest = Path(dest)
+        dest.mkdir(parents=True, exist_ok=True)
+        tmp = Path(self.tmp_.name)
+        old = tmp / f"services-{self.segment_}.jsonl"
+        self.segment_ += 1
+        self._control("/trace", "POST", {"path": str(tmp / f"services-{self.segment_}.jsonl")})
+        if old.exists():
+            old.replace(dest / "services.jsonl")
+        for loadgen in sorted(tmp.glob("loadgen-*.jsonl")):
+            with open(dest / "loadgen.jsonl", "ab") as out:
+                out.write(loadgen.read_bytes())
+            loadgen.unlink()
+        time.sleep(0.5)  # the sidecars flush their access logs every 200 ms
+        for s in self.spec.service_names:
+            log = tmp / f"access-{s}.log"
+            if log.exists():
+                log.replace(dest / f"access-{s}.log")
+            self._control("/reopen_logs", "POST", port=self.ports_[s]["admin_port"])
+        return dest
 
     def run_load(self, arrivals: Mapping[str, Mapping[str, float]], *, duration_s: float, warmup_s: float = 10.0,
                  tail_s: float = 10.0, drain_s: float = 60.0, seed: int = 0,
@@ -396,16 +458,24 @@ class RetryTestbed:
         window_stats = None
         counted_tasks: set[asyncio.Task] = set()
 
+        tracing = _Tracing(Path(self.tmp_.name) / f"loadgen-{time.monotonic_ns()}.jsonl" if self.traced else None,
+                           [LOADGEN], time.monotonic)
         async with ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=None)) as session:
             async def one(klass: str, service: str, counted: bool) -> None:
                 url = f"http://127.0.0.1:{self.ports_[service]['sidecar_port']}/"
                 start = time.monotonic()
+                headers = {_HEADER: klass}
+                span = tracing.client(LOADGEN, service, klass, None, start, headers)
                 try:
-                    async with session.get(url, headers={_HEADER: klass}) as resp:
+                    async with session.get(url, headers=headers) as resp:
                         await resp.read()
                         status = resp.status
+                except asyncio.CancelledError:  # still open when the run ends: the client gives up, span ended
+                    tracing.end(span, 0)
+                    raise
                 except Exception:  # noqa: BLE001 (a transport failure is a failed request)
                     status = 599
+                tracing.end(span, status)
                 if counted:
                     records[klass].append((status, time.monotonic() - start))
 
@@ -453,6 +523,7 @@ class RetryTestbed:
                 task.cancel()
             if in_flight:
                 await asyncio.wait(set(in_flight), timeout=5)
+        tracing.shutdown()
         stats = window_stats
         wall_s = time.monotonic() - t0
 

@@ -962,9 +962,20 @@ def experiment_retry_live_cmd(
     retry_delay_s: float = typer.Option(2.0, help="Mean retry delay of the scaled network (seconds): the "
                                         "analysis's parameter; Envoy's back-off is base = max = 2 × it."),
     seed: int = typer.Option(0),
+    traces: Path | None = typer.Option(None, "--traces", help="Trace the services (OpenTelemetry, OTLP/JSON) and "
+                                       "log every sidecar's calls into this folder, one subfolder per load; fit the "
+                                       "network at each load from the traces and from the access logs alone, set "
+                                       "it beside the configured one, then optimise budgets on the network fitted "
+                                       "at --optimise-at and run them live."),
+    optimise_at: float = typer.Option(1.5, help="With --traces: the load whose fitted network the budgets are "
+                                      "optimised on (one of --loads)."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """DiffTry live: measured per-class rejection through real Envoy sidecars, k=(5,1) vs (5,5), beside the analysis."""
+    """DiffTry live: measured per-class rejection through real Envoy sidecars, k=(5,1) vs (5,5), beside the analysis.
+
+    With --traces: the network is learned from the testbed's own traces and access logs instead (docs/retry.md,
+    "From traces").
+    """
     from sloctl.experiments.retry_live import retry_live_experiment
 
     try:
@@ -985,6 +996,9 @@ def experiment_retry_live_cmd(
         echo(f"{network} not found here; using the network shipped with sloctl: {resolved}")
     from sloctl.core.progress import progress
 
+    if traces is not None:
+        _retry_fit_live(resolved, traces, rhos, duration_s, retry_delay_s, seed, optimise_at, as_json)
+        return
     with progress("experiment retry-live", total=2 * len(rhos)) as bar:
         def on_point(p: dict) -> None:
             k = ",".join(str(v) for v in p["k"].values())
@@ -1000,6 +1014,45 @@ def experiment_retry_live_cmd(
         typer.echo(f"ρ {p['offered_rho']:.2f} k=({k})  measured " + "  ".join(
             f"{c} {p['measured'][c]:.3f}" for c in p["measured"]) + "  analysis " + "  ".join(
             f"{c} {p['analysis'][c]:.3f}" for c in p["analysis"]))
+
+
+def _retry_fit_live(network: Path, traces: Path, rhos: tuple[float, ...], duration_s: float, retry_delay_s: float,
+                    seed: int, optimise_at: float, as_json: bool) -> None:
+    from sloctl.core.progress import progress
+    from sloctl.experiments.retry_fit_live import retry_fit_live_experiment
+
+    if optimise_at not in rhos:
+        raise typer.BadParameter(f"must be one of --loads {','.join(f'{r:g}' for r in rhos)}; got {optimise_at:g}",
+                                 param_hint="--optimise-at")
+
+    def line(p: dict) -> str:
+        cells = []
+        for source in ("from_traces", "from_access_logs"):
+            g, e = p[source], p[source]["against_config"]
+            cells.append(f"{source[5:]}: capacity ±{e['max_capacity_rel_error']:.1%} routing "
+                         f"±{e['max_routing_abs_error']:.3f} arrivals ±{e['max_arrivals_rel_error']:.1%} "
+                         f"|analysis − measured| {g['rejection_abs_error']:.3f}")
+        return f"ρ {p['offered_rho']:g}  " + "  ".join(cells)
+
+    with progress("experiment retry-live --traces", total=len(rhos) + 1) as bar:
+        def on_point(p: dict) -> None:
+            bar.log(line(p))
+            bar.advance()
+
+        result = retry_fit_live_experiment(network, traces, loads=rhos, duration_s=duration_s, seed=seed,
+                                           retry_delay_s=retry_delay_s, optimise_at=optimise_at, on_point=on_point)
+    (traces / "result.json").write_text(json.dumps(result, default=float, indent=1))
+    if as_json:
+        typer.echo(json.dumps(result, default=float))
+        return
+    for p in result["points"]:
+        typer.echo(line(p))
+    opt = result.get("optimised")
+    if opt:
+        typer.echo(f"budgets optimised on the network fitted at ρ {opt['offered_rho']:g}: {opt['k']}; run live: "
+                   + "  ".join(f"{c} measured {opt['measured'][c]:.3f} predicted {opt['predicted'][c]:.3f}"
+                               for c in opt["measured"]))
+    echo(f"traces, access logs, fitted networks and result.json under {traces}")
 
 
 @experiment_app.command("postgres-log")

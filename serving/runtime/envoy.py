@@ -254,6 +254,7 @@ def envoy_route_config(policy: Any, *, service: str, cluster: str | None = None,
 
 def envoy_bootstrap(policy: Any, *, service: str, listen_port: int, upstream_port: int, admin_port: int | None = None,
                     dynamic_routes_path: str | os.PathLike[str] | None = None, max_concurrent_retries: int = 1024,
+                    access_log_path: str | os.PathLike[str] | None = None, access_log_format: str | None = None,
                     **route_options: Any) -> dict[str, Any]:
     """A complete static Envoy bootstrap for the sidecar in front of ``service``.
 
@@ -279,6 +280,12 @@ def envoy_bootstrap(policy: Any, *, service: str, listen_port: int, upstream_por
         max_concurrent_retries: the cluster's circuit-breaker limit on retries
             in flight. Envoy's default (3) would cap retries under overload,
             exactly when DiffTry's budgets matter, so it is raised here.
+        access_log_path: where the connection manager writes its access log
+            (none when omitted); one line per call into ``service``.
+        access_log_format: the log's format line (default
+            :data:`~sloctl.datasets.traces.SLOCTL_ACCESS_FORMAT`: Envoy's default
+            format plus the route (``class-<c>``), the upstream cluster, the
+            attempt count and the caller, which ``sloctl fit network`` reads).
         **route_options: keyword arguments of :func:`envoy_route_config`.
 
     Returns:
@@ -299,6 +306,13 @@ def envoy_bootstrap(policy: Any, *, service: str, listen_port: int, upstream_por
     hcm: dict[str, Any] = {"@type": _HCM_TYPE, "stat_prefix": f"{service}_inbound",
                            "http_filters": [{"name": "envoy.filters.http.router",
                                              "typed_config": {"@type": _ROUTER_TYPE}}]}
+    if access_log_path is not None:
+        if access_log_format is None:
+            from sloctl.datasets.traces import SLOCTL_ACCESS_FORMAT as access_log_format
+        hcm["access_log"] = [{"name": "envoy.access_loggers.file", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+            "path": os.path.abspath(access_log_path),
+            "log_format": {"text_format_source": {"inline_string": access_log_format}}}}]
     if dynamic_routes_path is None:
         hcm["route_config"] = route_config
     else:
