@@ -170,6 +170,19 @@ def test_envoy_validates_inline_and_rds_bootstraps(service, tmp_path):
 
 
 @needs_envoy
+def test_envoy_validates_the_access_log_fit_network_reads(tmp_path):
+    from sloctl.datasets.traces import SLOCTL_ACCESS_FORMAT
+
+    boot = envoy_bootstrap(VARIED, service="search", listen_port=15001, upstream_port=8080,
+                           access_log_path=tmp_path / "access.log")
+    hcm = boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    log = hcm["access_log"][0]["typed_config"]
+    assert log["path"] == str(tmp_path / "access.log")
+    assert log["log_format"]["text_format_source"]["inline_string"] == SLOCTL_ACCESS_FORMAT
+    validate_envoy_config(boot, tmp_path)
+
+
+@needs_envoy
 def test_validate_raises_envoys_message(tmp_path):
     bootstrap = envoy_bootstrap(_policy(), service="search", listen_port=15001, upstream_port=8080)
     bootstrap["static_resources"]["clusters"][0]["no_such_field"] = 1

@@ -217,3 +217,18 @@ def test_policy_from_traces_is_registered_with_their_provenance(tmp_path: Path, 
     assert tags["provenance.fitted_from"] == "traces"
     assert tags["provenance.trace_files"] == "spans-0000.jsonl"
     assert tags["provenance.trace_sha256"] == fit.network["provenance"]["files"][0]["sha256"][:16]
+
+
+def test_live_experiment_grades_a_fit_against_the_configured_network(tandem, tandem_spans):
+    from sloctl.experiments.retry_fit_live import _within_ci, compare_networks
+
+    fit = _fit(tandem_spans)
+    err = compare_networks(fit.spec(), tandem)
+    assert err["max_capacity_rel_error"] < 0.06 and err["max_routing_abs_error"] < 0.03
+    assert set(err["capacity_rel_error"]) == {"frontend", "backend"} and err["unfitted"] == []
+    covered = _within_ci(fit.report, tandem)
+    assert set(covered) == {"arrivals high:frontend", "arrivals low:frontend", "routing high:frontend->backend",
+                            "routing low:frontend->backend"}
+    assert sum(covered.values()) >= 3  # 95% intervals: all four, or three by chance
+    worse = compare_networks(fit.spec().scale_arrivals({"high": 2.0, "low": 1.0}), tandem)
+    assert worse["arrivals_rel_error"]["high:frontend"] > 0.9
