@@ -247,6 +247,13 @@ class GuardState:
                 "recent_ratio": self.recent_ratio()}
 
 
+def _observe(model: Any, query_id: int, now_s: float) -> None:
+    """Tell a drift-calibrated model (:mod:`sloctl.models.drift`) that a query ended, before it is forgotten."""
+    observe = getattr(model, "observe_completion", None)
+    if observe is not None:
+        observe(query_id, now_s)
+
+
 def load_based(clusters: list[ClusterState], running: Mapping[str, int]) -> ClusterState:
     """The cluster with the fewest running queries per size unit (ties: larger, then first)."""
     return min(clusters, key=lambda c: ((running[c.cluster_id] + 1) / c.size, -c.size))
@@ -409,6 +416,7 @@ class IconqRouter:
     def on_complete(self, query_id: int, now_s: float) -> None:
         if self.guard_state is not None:
             self.guard_state.finished(query_id, now_s)
+        _observe(self.model, query_id, now_s)
         self.model.complete(query_id)
 
 
@@ -446,6 +454,7 @@ class StageCostRouter:
         return RouteDecision(best.cluster_id, predicted, explanation)
 
     def on_complete(self, query_id: int, now_s: float) -> None:
+        _observe(self.model, query_id, now_s)
         self.model.complete(query_id)
 
 

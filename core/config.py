@@ -227,6 +227,14 @@ class RouterSection:
             (``"load"``, then the least added latency) or to the least added
             latency the model predicts (``"latency"``, the rule before
             2026-12-02). See docs/control.md.
+        drift_window_s: calibrate every prediction against the latencies
+            observed over this sliding window of completions, per cluster size
+            (:mod:`sloctl.models.drift`): the router's margin, the trigger's
+            projections and the size selector's what-if runs then follow a
+            machine that runs slower (or faster) than the model's training
+            log. ``None`` (the default) trusts the model as trained.
+        drift_min_observations: completions a cluster size needs before its
+            own factor is used (before that, every size's; before that, 1).
     """
 
     slo_margin: float | None = None
@@ -242,9 +250,19 @@ class RouterSection:
     guard_placement: str = "protect"
     soft_violations: bool = True
     tie_break: str = "load"
+    drift_window_s: float | None = None
+    drift_min_observations: int = 20
 
     def __post_init__(self) -> None:
         _in_range(self, "router", price_per_unit_s=(0.0, 1e9), minimum_s=(0.0, 86_400.0))
+        if self.drift_window_s is not None and not (isinstance(self.drift_window_s, int | float)
+                                                    and 0 < self.drift_window_s <= 30 * 86_400):
+            raise ConfigError(f"key 'router.drift_window_s' must be seconds in (0, 2592000] or null (off), "
+                              f"got {self.drift_window_s!r}.")
+        if isinstance(self.drift_min_observations, bool) or not isinstance(self.drift_min_observations, int) \
+                or self.drift_min_observations < 1:
+            raise ConfigError(f"key 'router.drift_min_observations' must be a whole number >= 1, "
+                              f"got {self.drift_min_observations!r}.")
         if self.tie_break not in ("load", "latency"):
             raise ConfigError(f"key 'router.tie_break' must be 'load' or 'latency', got {self.tie_break!r}.")
         if self.guard_placement not in ("protect", "load"):

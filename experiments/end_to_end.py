@@ -73,6 +73,7 @@ from sloctl.experiments.history import (
     pick_target_days,
 )
 from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_setup
+from sloctl.models.drift import DriftCalibration
 from sloctl.simulation.batch import cell_seed
 from sloctl.simulation.engine import WarehouseSimulator
 
@@ -131,6 +132,11 @@ class EndToEndConfig:
             size), so that the plan runs as it was evaluated; ``False`` lets
             the Spinup Size Selector add any size of ``tuner.sizes`` (the rule
             before 2026-12-03).
+        slowdown: the grading world's service times times this: a machine in a slower period
+            than the one the training log was collected in (1: as measured).
+        drift_window_units: AutoSLO's router, trigger and size selector calibrate the model's
+            predictions against completions over this sliding window (in mean isolated
+            latencies ℓ̄; :mod:`sloctl.models.drift`); None: the model is trusted as trained.
     """
 
     tuner: HistoryExperimentConfig = field(default_factory=lambda: HistoryExperimentConfig(
@@ -139,6 +145,8 @@ class EndToEndConfig:
     rais_performance: RaisSetting = RaisSetting(headroom=2.0, queue_per_unit=2.0)
     rais_hold_hours: float = 1.0
     plan_sizes: bool = True
+    slowdown: float = 1.0
+    drift_window_units: float | None = None
 
     def quick(self) -> EndToEndConfig:
         """A small variant for tests and smoke runs (a shorter compressed day, less tuning)."""
@@ -350,7 +358,7 @@ class _Graders:
         """``(vr, cost, RAIS resizes)`` of one approach (cost in price × size × seconds)."""
         if name == "autoslo":
             out = self.autoslo(plan, queries, seed)
-            return out.vr, out.cost, []
+            return out.vr, out.cost, getattr(self.autoslo, "drift_state_", None) or []
         if name.startswith("queue@"):
             out = self.queue(base, queries, seed)
             return out.vr, out.cost, []
@@ -443,6 +451,8 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
     train_world, train_report, slo_ref, templates, mean_iso, _ = scaling_setup(
         train_log, ScalingExperimentConfig(start_sizes=(1,), candidate_sizes=tuple(tcfg.sizes), seed=seed))
     world, report, templates = grading_world(grade_log, templates, tcfg.sizes, seed=seed)
+    if cfg.slowdown != 1.0:
+        world = world.slowed(cfg.slowdown)
     budget, half = max(tcfg.sizes), max(tcfg.sizes) // 2
     if half < 1 or half not in world.sizes:
         raise ValueError(f"The 'sizes' of the tuner must let two clusters of half the budget run in the grading "
@@ -450,10 +460,11 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
     scale = _scale(rows[["ts", "query_count"]], min(days), tcfg)
     hour_s = tcfg.hour_units * mean_iso
     minimum_s, delay_s = tcfg.minimum_units * mean_iso, tcfg.spinup_delay_units * mean_iso
+    drift = None if cfg.drift_window_units is None else DriftCalibration(window_s=cfg.drift_window_units * mean_iso)
     autoslo = iconq_reactive_runner(world, model_dir, train_log, mean_iso=mean_iso, minimum_s=minimum_s,
                                     spinup_delay_s=delay_s, tau_target=tcfg.tau_target, sizes=tcfg.sizes,
                                     max_clusters=tcfg.max_clusters, router=router,
-                                    sizes_from_plan=cfg.plan_sizes)
+                                    sizes_from_plan=cfg.plan_sizes, drift=drift)
     queue = HistoryRunner(world, minimum_s, tcfg.queue_n, tcfg.pack_n, delay_s, tcfg.max_clusters)
     capacity = _capacity_per_s(train_world, templates, tcfg.sizes)  # what the operator knows: the training log
     graders = _Graders(world, autoslo, queue, budget, half, minimum_s, delay_s, hour_s, capacity, cfg)
@@ -480,6 +491,8 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                 results[name] = {"vr": vr, "cost": cost, "meets_tau": vr <= tcfg.tau_target}
                 if name.startswith("rais-"):
                     resizes[name] = outs[0][2]
+                if name == "autoslo" and outs[0][2]:  # the drift calibration at the day's end (first draw)
+                    results[name]["drift_calibration"] = outs[0][2]
             floors = [graders.floor(q, s) for q, s in draws]
             floor_vr = float(np.mean([f[0] for f in floors]))
             scenario = {"day": day, "kappa": kappa, "results": results,
@@ -512,6 +525,10 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                       "rows": len(train_log)},
         "same_log": train_hash == grade_hash,
         "autoslo_sizes_from_plan": cfg.plan_sizes,
+        "slowdown": cfg.slowdown,
+        "drift_calibration": None if drift is None else {"window_s": drift.window_s,
+                                                         "window_units": cfg.drift_window_units,
+                                                         "min_observations": drift.min_observations},
         "model": labels.get("model", str(model_dir)),
         "instance": int(instance), "days": days, "history_days": history_days,
         "histories_overlap_days": max([0, *(history_days - g for g in gaps)]),

@@ -77,6 +77,7 @@ from sloctl.datasets.forecast import Forecaster
 from sloctl.datasets.querylog import read_log, template_table
 from sloctl.datasets.reservoir import Reservoir
 from sloctl.experiments.warehouse import ScalingExperimentConfig, mean_delta, scaling_setup
+from sloctl.models.drift import DriftCalibratedPredictor, DriftCalibration
 from sloctl.models.online import OnlinePredictor
 from sloctl.registry.bundles import load_predictor
 from sloctl.registry.routers import build_router
@@ -237,6 +238,8 @@ class IconqReactiveRunner:
         sizes_from_plan: the Spinup Size Selector chooses among the plan's
             own ``candidate_sizes`` (those the Policy Tuner planned with)
             instead of ``candidate_sizes``.
+        drift: calibrate predictions against completions online
+            (:mod:`sloctl.models.drift`); None: trust the model as trained.
     """
 
     world: WarehouseEmulator
@@ -256,6 +259,7 @@ class IconqReactiveRunner:
     candidate_sizes: tuple[int, ...] = (1, 2)
     max_clusters: int = 4
     sizes_from_plan: bool = False
+    drift: DriftCalibration | None = None
 
     def make_router(self, model: Any) -> IconqRouter:
         """An Iconq+ router over ``model`` (the live one, or a fork for the size selector's what-if runs)."""
@@ -263,7 +267,10 @@ class IconqReactiveRunner:
                            violation_spread=self.violation_spread)
 
     def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
-        router = self.make_router(OnlinePredictor(_predictor(self.predictor_dir), self.table))
+        model: Any = OnlinePredictor(_predictor(self.predictor_dir), self.table)
+        if self.drift is not None:  # a fresh calibration per simulated day
+            model = DriftCalibratedPredictor(model, self.drift.fresh())
+        router = self.make_router(model)
         inner = None
         if config.autoscaler is not None:
             sizes = config.autoscaler.candidate_sizes if self.sizes_from_plan else self.candidate_sizes
@@ -278,13 +285,15 @@ class IconqReactiveRunner:
         sim = WarehouseSimulator(self.world, clusters, router, minimum_s=self.minimum_s, seed=seed,
                                  autoscaler=scheduled)
         out = sim.run(list(queries))
+        self.drift_state_ = model.calibration.state() if self.drift is not None else None  # the day's last word
         return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)))
 
 
 def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: pd.DataFrame, *, mean_iso: float,
                           minimum_s: float, spinup_delay_s: float, tau_target: float, sizes: Sequence[int],
                           max_clusters: int, router: RouterSection | None = None,
-                          sizes_from_plan: bool = False) -> IconqReactiveRunner:
+                          sizes_from_plan: bool = False, drift: DriftCalibration | None = None
+                          ) -> IconqReactiveRunner:
     """The :class:`IconqReactiveRunner` for a model bundle, its router settings resolved by ``build_router``.
 
     Args:
@@ -301,6 +310,7 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
         router: the ``router:`` settings (default: the defaults).
         sizes_from_plan: add clusters of the plan's own candidate sizes
             (those the Policy Tuner planned with), not of ``sizes``.
+        drift: the online drift calibration's settings (None: off).
     """
     from sloctl.core.config import RouterSection
 
@@ -314,7 +324,7 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
         world, str(model_dir), table, built.slo_margin, built.cost_tolerance, minimum_s,
         relative.window_s * mean_iso, spinup_delay_s, guard=built.guard, violation_spread=built.violation_spread,
         theta=relative.theta, tau_trigger=relative.tau_trigger, mu=relative.mu, tau_target=tau_target,
-        candidate_sizes=tuple(sizes), max_clusters=max_clusters, sizes_from_plan=sizes_from_plan)
+        candidate_sizes=tuple(sizes), max_clusters=max_clusters, sizes_from_plan=sizes_from_plan, drift=drift)
 
 
 # -- instances, days and workloads ---------------------------------------------------------------------------

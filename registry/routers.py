@@ -220,6 +220,11 @@ def build_router(predictor: LatencyPredictor | None, router: RouterSection, *,
         return BuiltRouter(StageCostRouter(online), online, RouterKind.STAGE, None, router.cost_tolerance, table)
     margin = resolve_slo_margin(predictor, router, log=log, say=say)
     online = OnlinePredictor(predictor, table)
+    if router.drift_window_s is not None:
+        from sloctl.models.drift import DriftCalibratedPredictor, DriftCalibration
+
+        online = DriftCalibratedPredictor(online, DriftCalibration(window_s=float(router.drift_window_s),
+                                                                   min_observations=router.drift_min_observations))
     guard = router_guard(predictor, router, margin)
     spread = violation_spread(predictor, router, margin)
     return BuiltRouter(IconqRouter(online, slo_margin=margin.slo_margin, cost_tolerance=router.cost_tolerance,

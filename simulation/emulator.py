@@ -24,7 +24,7 @@ reports the emulator's own Q-error on the held-out runs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -127,6 +127,15 @@ class WarehouseEmulator:
 
     def templates(self) -> list[str]:
         return sorted({t for t, _ in self.isolated_s})
+
+    def slowed(self, factor: float) -> WarehouseEmulator:
+        """The same warehouse with every service time ``factor`` times longer (a machine in a slower period)."""
+        if not (isinstance(factor, int | float) and math.isfinite(factor) and factor > 0):
+            raise ValueError(f"The 'factor' parameter of WarehouseEmulator.slowed must be > 0, got {factor!r}.")
+        samples = None if self.samples_s is None else {k: tuple(x * factor for x in v)
+                                                        for k, v in self.samples_s.items()}
+        return replace(self, isolated_s={k: v * factor for k, v in self.isolated_s.items()},
+                                   samples_s=samples)
 
 
 @dataclass

@@ -766,10 +766,20 @@ def experiment_end_to_end_cmd(
     live_max_queries: LiveMaxQueries = None,
     live_budgets: LiveBudgets = True,
     live_registry: LiveRegistry = None,
+    slowdown: float = typer.Option(1.0, "--slowdown", help="Grade in a world this many times slower than "
+                                   "--grade-log measured (the machine in a slower period than training)."),
+    drift_window: float | None = typer.Option(None, "--drift-window", help="Calibrate AutoSLO's predictions "
+                                              "against completions online over this sliding window, in mean "
+                                              "isolated latencies (e.g. 200); default: off (docs/end_to_end.md)."),
     config: Config = None,
 ) -> None:
     """AutoSLO end to end (§8.2): the Policy Tuner's plan + Iconq+ router + Autoscaler vs fixed clusters, Queue@N
     and an emulation of Redshift's AI-driven scaling, graded in a world calibrated on a held-out log."""
+    if not slowdown > 0:
+        raise typer.BadParameter(f"must be > 0 (1: the world as measured); got {slowdown}", param_hint="--slowdown")
+    if drift_window is not None and not drift_window > 0:
+        raise typer.BadParameter(f"must be > 0 mean isolated latencies; got {drift_window}",
+                                 param_hint="--drift-window")
     live_cfg = _live_end_to_end(live_kappa, live_time_scale, live_max_day_s, live_max_queries, live_budgets,
                                 live_registry) if live else None
     hourly = _hourly_or_exit(hourly)
@@ -779,7 +789,8 @@ def experiment_end_to_end_cmd(
     train, grade = read_logs(train_log, "--train-log"), read_logs(grade_log, "--grade-log")
     labels = {"train_log": ",".join(map(str, train_log)), "grade_log": ",".join(map(str, grade_log)), "model": model}
     result, live_doc = _run_end_to_end(hourly, train, grade, model, cfg, labels, live_db, live_cfg,
-                                       instance=instance, seed=seed, quick=quick, allow_same_log=allow_same_log)
+                                       instance=instance, seed=seed, quick=quick, allow_same_log=allow_same_log,
+                                       slowdown=slowdown, drift_window=drift_window)
     if plots is not None and str(plots) not in ("", "."):  # typer reads --plots '' as Path('.')
         from sloctl.experiments.end_to_end import plot_scenarios
 
@@ -819,7 +830,7 @@ def _hourly_or_exit(hourly: Path | None) -> Path:
 
 
 def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db, live_cfg, *, instance, seed: int,
-                    quick: bool, allow_same_log: bool):
+                    quick: bool, allow_same_log: bool, slowdown: float = 1.0, drift_window: float | None = None):
     """The simulated experiment, then (with ``live_cfg``) its live scenario; (result, live JSON or None)."""
     import contextlib
 
@@ -838,7 +849,8 @@ def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db
             bar.update(done, total=total, description=f"experiment end-to-end --live: {approach}, queries")
 
         bundle = _model_folder(model, cfg, stack)
-        result = end_to_end_experiment(hourly, train, grade, bundle, instance=instance,
+        sim_cfg = EndToEndConfig(slowdown=slowdown, drift_window_units=drift_window)
+        result = end_to_end_experiment(hourly, train, grade, bundle, instance=instance, config=sim_cfg,
                                        seed=seed, quick=quick, router=cfg.router, allow_same_log=allow_same_log,
                                        labels=labels, on_scenario=progress, on_progress=bar.callback())
         if live_cfg is None:

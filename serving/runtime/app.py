@@ -188,6 +188,7 @@ class ClustersOut(_Out):
     reconciled: dict[str, Any]
     events: list[dict[str, Any]]
     state: StateOut
+    drift_calibration: dict[str, Any] | None = None
 
 
 class PutClusterOut(_Out):

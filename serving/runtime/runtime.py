@@ -774,7 +774,13 @@ class Runtime:
                 "model": self.router_kind, "reconciled": dict(self.reconciled),
                 "events": list(self.enactor.events)[-50:],
                 "state": {"store": "redis" if self.shared else "sqlite", "replica": self.replica,
-                          "leads_scaling": self.leads()}}
+                          "leads_scaling": self.leads()},
+                "drift_calibration": self._drift_state()}
+
+    def _drift_state(self) -> dict[str, Any] | None:
+        """The router's online drift calibration (router.drift_window_s), or None when it trusts the model as is."""
+        calibration = getattr(getattr(self.router, "model", None), "calibration", None)
+        return None if calibration is None else calibration.state()
 
     def execution_view(self) -> dict[str, Any] | None:
         """The execution-config in force and what it enacted (``GET /v1/execution-config``); ``None``: none."""

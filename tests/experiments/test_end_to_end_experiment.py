@@ -307,3 +307,54 @@ def test_table5_regraded_tunes_in_the_training_world_and_grades_in_the_held_out_
     assert [r["spinups"] for r in plain["rows"]] == [r["spinups"] for r in regraded["rows"]]  # same plans
     with pytest.raises(ValueError, match="'model_dir'"):
         history_experiment(busy_morning_contour(), sim_log, reactive="iconq", **args)
+
+
+def test_iconq_runner_calibrates_a_fresh_drift_per_day_when_told(monkeypatch):
+    from sloctl.control.scheduler import ExecutionConfig
+    from sloctl.experiments import history
+    from sloctl.models.drift import DriftCalibratedPredictor, DriftCalibration
+
+    models = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_router(self, model):
+        models.append(model)
+        raise Stop
+
+    monkeypatch.setattr(history.IconqReactiveRunner, "make_router", fake_router)
+    monkeypatch.setattr(history, "OnlinePredictor", lambda *a: object())
+    monkeypatch.setattr(history, "_predictor", lambda folder: None)
+    settings = DriftCalibration(window_s=30.0)
+    for drift in (None, settings, settings):
+        runner = history.IconqReactiveRunner(None, "m", None, 0.0, 0.0, 1.0, 10.0, 1.0, drift=drift)
+        with pytest.raises(Stop):
+            runner(ExecutionConfig(), [], 0)
+    assert not isinstance(models[0], DriftCalibratedPredictor)
+    assert isinstance(models[1], DriftCalibratedPredictor) and models[1].calibration.window_s == 30.0
+    assert models[1].calibration is not models[2].calibration is not settings  # nothing carries over between days
+
+
+def test_slowed_world_draws_every_service_time_longer():
+    world = WarehouseEmulator({("a", 1): 1.0, ("a", 2): 0.6}, {1: 1.0, 2: 1.0}, sizes=(1, 2),
+                              samples_s={("a", 1): (0.9, 1.1), ("a", 2): (0.5, 0.7)})
+    slow = world.slowed(1.4)
+    assert slow.isolated_s == {("a", 1): pytest.approx(1.4), ("a", 2): pytest.approx(0.84)}
+    assert slow.samples_s[("a", 1)] == pytest.approx((1.26, 1.54))
+    assert world.isolated_s[("a", 1)] == 1.0  # the measured world is left as it was
+    with pytest.raises(ValueError, match="'factor'"):
+        world.slowed(0)
+
+
+def test_slowdown_and_drift_calibration_are_recorded_in_the_world(sim_log, model_dir):
+    cfg = dataclasses.replace(TINY, slowdown=1.4, drift_window_units=50.0,
+                              tuner=dataclasses.replace(TINY.tuner, kappas=(2.0,), n_target_days=1))
+    result = end_to_end_experiment(busy_morning_contour(), sim_log, held_out(sim_log), model_dir, config=cfg, seed=0)
+    assert result.world["slowdown"] == 1.4
+    drift = result.world["drift_calibration"]
+    assert drift["window_units"] == 50.0
+    assert drift["window_s"] == pytest.approx(50.0 * result.world["time_scale"]["mean_isolated_s"])
+    autoslo = result.scenarios[0]["results"]["autoslo"]
+    assert autoslo["drift_calibration"]["window_s"] == drift["window_s"]
+    assert "pooled" in autoslo["drift_calibration"]

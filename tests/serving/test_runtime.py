@@ -200,3 +200,33 @@ def test_a_version_that_fails_to_load_keeps_the_last_good_model(registry, sim_lo
     assert "version 2 failed to load" in slot.error and "serving version 1" in slot.error
     monkeypatch.setattr(controller_module, "load_model", real)
     assert slot.refresh() and slot.version == "2" and slot.error is None
+
+
+def test_drift_calibration_follows_completions_and_shows_in_clusters(registry, sim_log, tmp_path):
+    """router.drift_window_s: queries that finish far sooner than predicted pull every prediction down."""
+    from sloctl.registry.store import register
+    from sloctl.serving.runtime.app import create_app
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = _cfg(uri, str(tmp_path / "state.db"))
+    cfg = dataclasses.replace(cfg, router=dataclasses.replace(cfg.router, drift_window_s=600.0,
+                                                              drift_min_observations=3, guard=False))
+    register(registry["iconq"], sim_log, name="iconq", tracking_uri=uri, experiment="t")
+    templates = load_templates_table_from(sim_log)
+    template = str(templates["template"].iloc[0])
+    with LocalServer(create_app(cfg, token=TOKEN, templates=templates)) as client:
+        _wait(lambda: client.get("/readyz").json()["router"] == "iconq")
+        assert client.get("/v1/clusters").json()["drift_calibration"]["pooled"] == {"factor": 1.0,
+                                                                                      "observations": 0}
+        first = client.post("/v1/route", json={"query_id": 1, "template": template, "slo_s": 60.0},
+                            headers=AUTH).json()["predicted_latency_s"]
+        client.post("/v1/complete", json={"query_id": 1, "latency_s": 0.01}, headers=AUTH)
+        for qid in range(2, 6):  # each finishes at once: far faster than the model says
+            client.post("/v1/route", json={"query_id": qid, "template": template, "slo_s": 60.0}, headers=AUTH)
+            client.post("/v1/complete", json={"query_id": qid, "latency_s": 0.01}, headers=AUTH)
+        drift = client.get("/v1/clusters").json()["drift_calibration"]
+        assert drift["window_s"] == 600.0 and drift["pooled"]["observations"] == 5
+        assert drift["pooled"]["factor"] < 1.0
+        later = client.post("/v1/route", json={"query_id": 9, "template": template, "slo_s": 60.0},
+                            headers=AUTH).json()["predicted_latency_s"]
+        assert later < first
