@@ -525,6 +525,7 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                       "rows": len(train_log)},
         "same_log": train_hash == grade_hash,
         "autoslo_sizes_from_plan": cfg.plan_sizes,
+        "peak_load": tcfg.peak_load, "max_clusters": tcfg.max_clusters,
         "slowdown": cfg.slowdown,
         "drift_calibration": None if drift is None else {"window_s": drift.window_s,
                                                          "window_units": cfg.drift_window_units,

@@ -768,6 +768,11 @@ def experiment_end_to_end_cmd(
     live_registry: LiveRegistry = None,
     slowdown: float = typer.Option(1.0, "--slowdown", help="Grade in a world this many times slower than "
                                    "--grade-log measured (the machine in a slower period than training)."),
+    peak_load: float | None = typer.Option(None, "--peak-load", help="The 95th percentile of the hourly counts "
+                                           "offers this many times what one size-1 cluster serves (default: the "
+                                           "config's, 1.5)."),
+    max_clusters: int | None = typer.Option(None, "--max-clusters", help="The most clusters AutoSLO and Queue@N "
+                                            "may hold at once (default: the config's, 4)."),
     drift_window: float | None = typer.Option(None, "--drift-window", help="Calibrate AutoSLO's predictions "
                                               "against completions online over this sliding window, in mean "
                                               "isolated latencies (e.g. 200); default: off (docs/end_to_end.md)."),
@@ -780,6 +785,11 @@ def experiment_end_to_end_cmd(
     if drift_window is not None and not drift_window > 0:
         raise typer.BadParameter(f"must be > 0 mean isolated latencies; got {drift_window}",
                                  param_hint="--drift-window")
+    if peak_load is not None and not 0 < peak_load <= 1000:
+        raise typer.BadParameter(f"must be in (0, 1000] (× one size-1 cluster's capacity); got {peak_load}",
+                                 param_hint="--peak-load")
+    if max_clusters is not None and not 1 <= max_clusters <= 256:
+        raise typer.BadParameter(f"must be a whole number in [1, 256]; got {max_clusters}", param_hint="--max-clusters")
     live_cfg = _live_end_to_end(live_kappa, live_time_scale, live_max_day_s, live_max_queries, live_budgets,
                                 live_registry) if live else None
     hourly = _hourly_or_exit(hourly)
@@ -790,7 +800,8 @@ def experiment_end_to_end_cmd(
     labels = {"train_log": ",".join(map(str, train_log)), "grade_log": ",".join(map(str, grade_log)), "model": model}
     result, live_doc = _run_end_to_end(hourly, train, grade, model, cfg, labels, live_db, live_cfg,
                                        instance=instance, seed=seed, quick=quick, allow_same_log=allow_same_log,
-                                       slowdown=slowdown, drift_window=drift_window)
+                                       slowdown=slowdown, drift_window=drift_window, peak_load=peak_load,
+                                       max_clusters=max_clusters)
     if plots is not None and str(plots) not in ("", "."):  # typer reads --plots '' as Path('.')
         from sloctl.experiments.end_to_end import plot_scenarios
 
@@ -830,9 +841,11 @@ def _hourly_or_exit(hourly: Path | None) -> Path:
 
 
 def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db, live_cfg, *, instance, seed: int,
-                    quick: bool, allow_same_log: bool, slowdown: float = 1.0, drift_window: float | None = None):
+                    quick: bool, allow_same_log: bool, slowdown: float = 1.0, drift_window: float | None = None,
+                    peak_load: float | None = None, max_clusters: int | None = None):
     """The simulated experiment, then (with ``live_cfg``) its live scenario; (result, live JSON or None)."""
     import contextlib
+    import dataclasses
 
     from sloctl.core.progress import progress as progress_bar
     from sloctl.experiments.end_to_end import EndToEndConfig, end_to_end_experiment
@@ -850,6 +863,9 @@ def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db
 
         bundle = _model_folder(model, cfg, stack)
         sim_cfg = EndToEndConfig(slowdown=slowdown, drift_window_units=drift_window)
+        tuner = {k: v for k, v in (("peak_load", peak_load), ("max_clusters", max_clusters)) if v is not None}
+        if tuner:
+            sim_cfg = dataclasses.replace(sim_cfg, tuner=dataclasses.replace(sim_cfg.tuner, **tuner))
         result = end_to_end_experiment(hourly, train, grade, bundle, instance=instance, config=sim_cfg,
                                        seed=seed, quick=quick, router=cfg.router, allow_same_log=allow_same_log,
                                        labels=labels, on_scenario=progress, on_progress=bar.callback())

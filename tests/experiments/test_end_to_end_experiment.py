@@ -194,11 +194,23 @@ def test_cli_grades_on_the_training_log_when_allowed(sim_log, model_dir, tmp_pat
     busy_morning_contour(days=70).to_parquet(hourly)
     proc = run_sloctl("experiment", "end-to-end", "--hourly", hourly, "--train-log", log, "--grade-log", log,
                       "--model", model_dir, "--quick", "--json", "--allow-same-log", "--plots", tmp_path / "png",
+                      "--peak-load", "2", "--max-clusters", "5", "--slowdown", "1.3", "--drift-window", "100",
                       timeout_s=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["world"]["same_log"] is True and "not held out" in proc.stderr
+    assert (doc["world"]["peak_load"], doc["world"]["max_clusters"], doc["world"]["slowdown"]) == (2.0, 5, 1.3)
+    assert doc["world"]["drift_calibration"]["window_units"] == 100.0
     assert len(list((tmp_path / "png").glob("*.png"))) == len(doc["scenarios"]) == 4
+
+
+def test_cli_names_the_option_of_a_bad_world_setting(sim_log, tmp_path, run_sloctl):
+    log = tmp_path / "log.parquet"
+    sim_log.to_parquet(log)
+    for option, value in (("--peak-load", "0"), ("--max-clusters", "0"), ("--slowdown", "-1"),
+                          ("--drift-window", "0")):
+        proc = run_sloctl("experiment", "end-to-end", "--train-log", log, "--grade-log", log, option, value)
+        assert proc.returncode == 2 and option in proc.stderr, (option, proc.stderr[-500:])
 
 
 def test_empirical_world_draws_the_held_out_isolated_latencies_not_their_median():
