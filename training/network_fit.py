@@ -489,17 +489,27 @@ def _service_estimates(a, calls, names, fitted, options: FitOptions, report) -> 
                     "servers_basis": "config" if name in options.servers else "one FIFO queue (assumed)",
                     "max_concurrency": most, "service_cv": _service_cv(starts[order], ends[order]) if c == 1
                     else None, "rests_on_spans": int(len(adm))})
-        seen = (np.searchsorted(s_sorted, refusal_t, "right") - np.searchsorted(e_sorted, refusal_t, "right"))
-        if name in options.buffers:
-            buffers[name], basis = int(options.buffers[name]), "config"
-        elif len(seen):
-            buffers[name], basis = max(1, int(seen.max())), "largest number in the system at a refusal"
-        else:
-            buffers[name], basis = max(1, most), "no refusal seen: the largest number in the system (lower bound)"
-        row.update({"buffer": buffers[name], "buffer_basis": basis, "refusals_seen": int(len(seen)),
-                    "in_system_at_refusal": None if not len(seen) else
-                    {"median": float(np.median(seen)), "max": int(seen.max())}})
+        buffers[name] = buffer_at_refusals(name, s_sorted, e_sorted, refusal_t, most, options, row)
     return capacity, buffers
+
+
+def buffer_at_refusals(name: str, starts_sorted: np.ndarray, ends_sorted: np.ndarray, refusal_t: np.ndarray,
+                       most: int, options: FitOptions, row: dict[str, Any]) -> int:
+    """The buffer: config, else the most admitted attempts in their local phase at a refusal, else the most seen.
+
+    ``row`` (the service's report) gets the basis and what the refusals saw.
+    """
+    seen = np.searchsorted(starts_sorted, refusal_t, "right") - np.searchsorted(ends_sorted, refusal_t, "right")
+    if name in options.buffers:
+        buffer, basis = int(options.buffers[name]), "config"
+    elif len(seen):
+        buffer, basis = max(1, int(seen.max())), "largest number in the system at a refusal"
+    else:
+        buffer, basis = max(1, most), "no refusal seen: the largest number in the system (lower bound)"
+    row.update({"buffer": buffer, "buffer_basis": basis, "refusals_seen": int(len(seen)),
+                "in_system_at_refusal": None if not len(seen) else
+                {"median": float(np.median(seen)), "max": int(seen.max())}})
+    return buffer
 
 
 def _service_cv(starts: np.ndarray, ends: np.ndarray) -> float | None:

@@ -41,6 +41,7 @@ from sloctl.training.network_fit import (
     _busy_time_ns,
     _network,
     _service_cv,
+    buffer_at_refusals,
     rate_ci95,
     weight_ci95,
 )
@@ -177,21 +178,11 @@ def _services(a, names, admitted, refused_final, options: FitOptions, report) ->
         capacity[name] = c * len(adm) / (busy_ns / 1e9)
         order = np.argsort(starts, kind="stable")
         refusal_t = np.sort(arrive[mine & refused_final & timed])
-        seen = (np.searchsorted(np.sort(starts), refusal_t, "right") - np.searchsorted(np.sort(ends), refusal_t,
-                                                                                       "right"))
-        if name in options.buffers:
-            buffers[name], basis = int(options.buffers[name]), "config"
-        elif len(seen):
-            buffers[name], basis = max(1, int(seen.max())), "largest number in the system at a refusal"
-        else:
-            buffers[name], basis = max(1, most), "no refusal seen: the largest number in the system (lower bound)"
         row.update({"capacity_per_s": capacity[name], "capacity_basis": "busy time of the local phases",
                     "servers": c, "max_concurrency": most,
                     "service_cv": _service_cv(starts[order], ends[order]) if c == 1 else None,
-                    "rests_on_calls": int(len(adm)), "buffer": buffers[name], "buffer_basis": basis,
-                    "refusals_seen": int(len(seen)),
-                    "in_system_at_refusal": None if not len(seen) else
-                    {"median": float(np.median(seen)), "max": int(seen.max())}})
+                    "rests_on_calls": int(len(adm))})
+        buffers[name] = buffer_at_refusals(name, np.sort(starts), np.sort(ends), refusal_t, most, options, row)
     return capacity, buffers
 
 

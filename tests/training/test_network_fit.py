@@ -100,8 +100,10 @@ def test_skew_orphans_and_duplicates_are_counted_not_fatal(tandem_spans):
     for i in backend:  # the callee's clock runs 1 s behind its caller's
         s = spans[i]
         spans[i] = s._replace(start_ns=by_id[s.parent_id].start_ns - 10**9, end_ns=s.end_ns - 10**9)
-    drop = {s.span_id for s in spans if s.service == "frontend" and s.kind == "client"}
-    dropped = [s for s in spans if s.span_id not in list(drop)[:5]]
+    skewed_parents = {spans[i].parent_id for i in backend}
+    drop = sorted(s.span_id for s in spans if s.service == "frontend" and s.kind == "client"
+                  and s.span_id not in skewed_parents)[:5]  # their backend attempts become orphans
+    dropped = [s for s in spans if s.span_id not in drop]
     dup = dropped + dropped[:3]
     fit = _fit(dup, min_spans=5)
     anomalies = fit.report["anomalies"]
