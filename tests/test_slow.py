@@ -106,12 +106,15 @@ def test_live_testbed_network_is_recovered_from_its_traces_and_access_logs(tmp_p
                      "30", "--traces", str(tmp_path / "traces"), "--optimise-at", "1.5", "--json", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
+    # 30 s measured (60 s of traces) is about 600 requests per class at ρ 0.5: the sampling error of a routing
+    # weight near 0.6 alone is ±0.02 (one sd), of an arrival rate ±4%, so the bounds sit at 3-4 sd, looser than
+    # the full run's (120 s per load: 10%, 0.05, 5%; docs/retry.md). A clean clone once read 0.061 here at 0.05.
     for p in result["points"]:
         for source in ("from_traces", "from_access_logs"):
             err = p[source]["against_config"]
-            assert err["max_capacity_rel_error"] <= 0.15, (p["offered_rho"], source, err)  # 30 s: looser than 10%
-            assert err["max_routing_abs_error"] <= 0.05, (p["offered_rho"], source, err)
-            assert err["max_arrivals_rel_error"] <= 0.1, (p["offered_rho"], source, err)
+            assert err["max_capacity_rel_error"] <= 0.15, (p["offered_rho"], source, err)
+            assert err["max_routing_abs_error"] <= 0.08, (p["offered_rho"], source, err)
+            assert err["max_arrivals_rel_error"] <= 0.12, (p["offered_rho"], source, err)
             assert p[source]["rejection_abs_error"] <= 0.08, (p["offered_rho"], source, p)
         folder = Path(p["folder"])
         assert load_network(folder / "network-from-traces.yaml").provenance["files"]
