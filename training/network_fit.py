@@ -636,6 +636,28 @@ def _network(capacity, buffers, arrivals, routing, retries, klass_names, options
     delay = report["retry_delay_s"]
     if delay["mean"] is not None and delay["pairs"] >= 10:
         network["retry_delay_s"] = _round(delay["mean"])
+    return _convergent(network, report)
+
+
+def _convergent(network: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    """The network, valid for the analysis: where a class's routing diverges, calls of a service to itself
+    (a proxy or a framework's local hop traced as a call) are left out and named in the report."""
+    from sloctl.models.retry_network import NetworkError, network_from_mapping
+
+    try:
+        network_from_mapping(network, source="<fitted network>")
+        return network
+    except NetworkError:
+        pass
+    dropped = report.setdefault("self_calls_left_out", {})
+    for klass, rows in network["routing"].items():
+        for service, row in rows.items():
+            if service in row:
+                dropped[f"{klass}:{service}"] = row.pop(service)
+    try:
+        network_from_mapping(network, source="<fitted network>")
+    except NetworkError as exc:
+        raise NetworkFitError(f"The fitted routing is not an open network the analysis can solve: {exc}") from None
     return network
 
 

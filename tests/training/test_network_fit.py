@@ -234,3 +234,15 @@ def test_live_experiment_grades_a_fit_against_the_configured_network(tandem, tan
     assert sum(covered.values()) >= 3  # 95% intervals: all four, or three by chance
     worse = compare_networks(fit.spec().scale_arrivals({"high": 2.0, "low": 1.0}), tandem)
     assert worse["arrivals_rel_error"]["high:frontend"] > 0.9
+
+
+def test_a_real_zipkin_trace_fits_into_a_network_the_analysis_solves():
+    """openzipkin's zipkin-lens test trace (tests/data/traces/README.md): services calling themselves are named."""
+    data = Path(__file__).resolve().parents[1] / "data" / "traces"
+    trace = data / "zipkin-openzipkin-smartthings-oauth-authorization.json"
+    fit = fit_network(trace, options=FitOptions(min_spans=1))
+    assert fit.report["self_calls_left_out"]  # auth -> auth would make the open network diverge
+    assert fit.report["parse"]["unreadable"] == 0 and fit.report["parse"]["files"][0]["records"] == 175
+    assert fit.report["spans"] + fit.report["anomalies"]["duplicate_span_ids"] == 175
+    solved = solve_network(fit.spec()).to_json()
+    assert set(solved["classes"]) == {"default"} and solved["converged"]
