@@ -139,10 +139,11 @@ def _optimise_and_run(fit: NetworkFit, base: NetworkSpec, rho: float, fixed: Seq
     """Budgets optimised on the fitted network, run live at the same load, against the analysis's prediction."""
     from sloctl.training.retry_budget import BudgetSearch, optimise_budgets
 
-    policy = optimise_budgets(fit.spec(), BudgetSearch(model=model))
+    fitted = fit.spec()
+    policy = optimise_budgets(fitted, BudgetSearch(model=model))
     k = {c: max(row.values()) for c, row in policy.retries.items()}
     predicted = {c: v["end_to_end_rejection"]
-                 for c, v in solve_network(fit.spec().with_retries(k), model=model).to_json()["classes"].items()}
+                 for c, v in solve_network(fitted.with_retries(k), model=model).to_json()["classes"].items()}
     net = sweep_spec(base, rho, fixed).with_retries(k)
     with RetryTestbed(base, k, seed=seed, traced=True) as bed:
         run = bed.run_load(net.arrivals, duration_s=duration_s, warmup_s=warmup_s, tail_s=tail_s, seed=seed + 100)

@@ -51,7 +51,7 @@ class DriftCalibration:
     factor_bounds: tuple[float, float] = (0.25, 4.0)
     frozen: bool = False
     _obs: dict[int, deque] = field(default_factory=dict, init=False, repr=False)
-    _cache: dict[int | None, float] = field(default_factory=dict, init=False, repr=False)
+    _cache: dict[int, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.window_s > 0:
