@@ -15,12 +15,14 @@ all; time-compressed as in :mod:`sloctl.experiments.history`):
   loop plans with the cheap reactive layer of Table 5 (packing router +
   Queue@N): the Iconq+ layer costs seconds per simulated day and the tuner
   runs hundreds of simulations.
-* ``fixed-large`` — one cluster holding the whole budget; ``fixed-2x-half`` —
-  two clusters of half the budget, round-robin. The budget is the largest
-  size the grading world measured: nothing is extrapolated beyond the sizes
-  its log ran.
-* ``queue@N`` — Queue@N autoscaling (packing router, one size-1 cluster at
-  a time, §6.2.1 teardown), no history.
+* ``fixed-peak`` — the cheapest fixed pool of one measured size that meets
+  ``τ`` in the day's busiest hour, simulated in the grading world (the
+  operator sized it for the peak it will meet); ``fixed-2x-half`` — the same
+  budget in two halves of measured sizes. Round-robin. Every size is one both
+  logs measured: nothing is extrapolated beyond the sizes they ran.
+* ``queue@tuned`` — Queue@N autoscaling (packing router, one smallest cluster
+  at a time, §6.2.1 teardown), no plan; its ``N`` is the cheapest meeting
+  ``τ`` over the actual days before the target in the training log's world.
 * ``rais-balanced``, ``rais-performance`` — :class:`RaisScaler`, an emulation
   of Redshift Serverless AI-driven scaling (docs/end_to_end.md cites what
   it rests on): one cluster resized vertically from the forecast of the
@@ -59,8 +61,11 @@ from sloctl.datasets.querylog import read_log
 from sloctl.experiments.history import (
     HistoryExperimentConfig,
     HistoryRunner,
+    _actual_pairs,
     _Cell,
     _cell_setup,
+    _CellSetup,
+    _compress,
     _history_reservoir,
     _hourly_frame,
     _queries,
@@ -137,16 +142,24 @@ class EndToEndConfig:
         drift_window_units: AutoSLO's router, trigger and size selector calibrate the model's
             predictions against completions over this sliding window (in mean isolated
             latencies ℓ̄; :mod:`sloctl.models.drift`); None: the model is trusted as trained.
+        sizes_from_logs: the sizes every approach may use are those both logs measured
+            (isolated runs on every workload template); ``False``: ``tuner.sizes``.
+        queue_candidates: the ``N`` of Queue@N an operator tries; the one kept is the
+            cheapest meeting ``τ`` over the ``queue_tune_days`` actual days before the
+            target, simulated in the training log's world (what the operator knows).
     """
 
     tuner: HistoryExperimentConfig = field(default_factory=lambda: HistoryExperimentConfig(
-        histories_days=(30,), tau_target=0.1, grading_draws=1))
+        histories_days=(30,), tau_target=0.1, grading_draws=1, peak_load=6.0, max_clusters=8))
     rais_balanced: RaisSetting = RaisSetting(headroom=1.25, queue_per_unit=4.0)
     rais_performance: RaisSetting = RaisSetting(headroom=2.0, queue_per_unit=2.0)
     rais_hold_hours: float = 1.0
     plan_sizes: bool = True
     slowdown: float = 1.0
     drift_window_units: float | None = None
+    sizes_from_logs: bool = True
+    queue_candidates: tuple[int, ...] = (1, 2, 4, 8)
+    queue_tune_days: int = 7
 
     def quick(self) -> EndToEndConfig:
         """A small variant for tests and smoke runs (a shorter compressed day, less tuning)."""
@@ -273,7 +286,8 @@ class EndToEndResult:
             the RAIS resizes, the forecast, wall time, and for a live replay
             the first draw's ``arrivals`` (queries), the ``plan`` and ``base``
             :class:`~sloctl.control.scheduler.ExecutionConfig`, ``capacity_per_s``
-            and ``forecast_per_s`` (RAIS's inputs).
+            and ``forecast_per_s`` (RAIS's inputs), the fixed ``pools`` and ``queue_n``.
+        tuner: the Table 5 settings the scenarios ran with (the sizes the logs measured).
     """
 
     tau_target: float
@@ -281,6 +295,7 @@ class EndToEndResult:
     scenarios: tuple[dict[str, Any], ...]
     summary: dict[str, Any]
     details: tuple[dict[str, Any], ...] = ()
+    tuner: HistoryExperimentConfig | None = None
 
     def to_json(self) -> dict[str, Any]:
         """``{"tau_target", "world", "scenarios", "summary"}``, JSON-ready."""
@@ -327,6 +342,98 @@ def summarize(scenarios: Sequence[dict[str, Any]], baseline: str = "rais-balance
     return summary
 
 
+# -- the baselines an operator would buy ----------------------------------------------------------------------
+
+def peak_hour(queries: Sequence[Query], hour_s: float) -> tuple[int, list[Query]]:
+    """The busiest hour of the day and its queries, their clock starting at that hour."""
+    if not queries:
+        return 0, []
+    hours = np.minimum(np.array([q.arrival_s for q in queries]) // hour_s, 23).astype(int)
+    peak = int(np.bincount(hours, minlength=24).argmax())
+    start = peak * hour_s
+    return peak, [dataclasses.replace(q, arrival_s=q.arrival_s - start) for q, h in zip(queries, hours, strict=True)
+                  if h == peak]
+
+
+def fixed_peak_pool(world: WarehouseEmulator, queries: Sequence[Query], *, hour_s: float, sizes: Sequence[int],
+                    tau: float, minimum_s: float, seed: int, max_clusters: int
+                    ) -> tuple[list[tuple[str, int]], dict[str, Any]]:
+    """The cheapest fixed pool of one measured size that meets ``τ`` in the day's busiest hour.
+
+    For each size, clusters are added one at a time (round-robin over them)
+    until the peak hour, simulated in ``world``, meets ``τ``; the cheapest of
+    those pools is kept (the smaller budget on a tie). When no pool of up
+    to ``max_clusters`` clusters meets ``τ``, the one with the lowest
+    violation rate is kept. Returns the pool and what was tried (costs in
+    size-1 cluster-hours of the compressed day).
+    """
+    hour, peak = peak_hour(queries, hour_s)
+    tried = []
+    for size in sorted(int(s) for s in sizes):
+        for n in range(1, max_clusters + 1):
+            vr, cost = _simulate(world, _pool("peak", size, n), RoundRobinRouter(), peak, seed, minimum_s)
+            tried.append({"size": size, "clusters": n, "vr": vr, "cost": cost / hour_s})
+            if vr <= tau:
+                break
+    meeting = [t for t in tried if t["vr"] <= tau]
+    best = (min(meeting, key=lambda t: (t["cost"], t["size"] * t["clusters"])) if meeting
+            else min(tried, key=lambda t: (t["vr"], t["cost"])))
+    return _pool("peak", best["size"], best["clusters"]), {
+        "peak_hour": hour, "peak_queries": len(peak), "meets_tau_at_peak": bool(meeting),
+        "size": best["size"], "clusters": best["clusters"], "budget_units": best["size"] * best["clusters"],
+        "tried": tried}
+
+
+def half_split(budget_units: int, sizes: Sequence[int]) -> list[tuple[str, int]]:
+    """The same budget in two halves of ``⌈budget / 2⌉`` units, each of the largest measured size dividing it."""
+    half = max(1, -(-int(budget_units) // 2))
+    size = max((int(s) for s in sizes if half % int(s) == 0), default=min(int(s) for s in sizes))
+    n = max(1, half // size)
+    return [(f"half{j}-{i}-s{size}", size) for j in (0, 1) for i in range(n)]
+
+
+def _pool(prefix: str, size: int, n: int) -> list[tuple[str, int]]:
+    return [(f"{prefix}{i}-s{size}", size) for i in range(n)]
+
+
+def tune_queue_n(setup: _CellSetup, cell: _Cell, candidates: Sequence[int], days: int, templates: Sequence[str],
+                 slo_ref: dict[str, float], scale: float, tau: float) -> tuple[int, dict[str, Any]]:
+    """Queue@N's ``N`` as an operator would pick it: the cheapest meeting ``τ`` on the days before the target.
+
+    The ``days`` actual days before the target (scaled and compressed like
+    it) are simulated with the packing router and Queue@N in the tuning
+    world (``setup.runner``: the training log's); the cheapest ``N`` whose
+    mean violation rate meets ``τ`` is kept, else the one with the lowest.
+    """
+    history = []
+    for d in range(max(setup.t - days, 0), setup.t):
+        pairs = _actual_pairs(setup.matrix[d], np.random.default_rng([*setup.day_seed, 2, d]))
+        day = _compress(pairs, scale, setup.hour_s, templates, np.random.default_rng([*setup.day_seed, 3, d]))
+        if len(day[0]):
+            history.append(_queries(day, templates, slo_ref, cell.kappa))
+    if not history:
+        return int(candidates[0]), {"days": 0, "tried": []}
+    tried = []
+    for n in candidates:
+        runner = dataclasses.replace(setup.runner, queue_n=int(n))
+        outs = [runner(setup.base, q, cell_seed(cell.seed, 11 + i)) for i, q in enumerate(history)]
+        tried.append({"n": int(n), "vr": float(np.mean([o.vr for o in outs])),
+                      "cost": float(np.mean([o.cost for o in outs])) / setup.hour_s})
+    meeting = [t for t in tried if t["vr"] <= tau]
+    best = min(meeting, key=lambda t: t["cost"]) if meeting else min(tried, key=lambda t: (t["vr"], t["cost"]))
+    return best["n"], {"days": len(history), "tried": tried}
+
+
+@dataclass(frozen=True)
+class _Choices:
+    """What the operator bought for one scenario: the fixed pools and Queue@N's ``N``."""
+
+    peak: list[tuple[str, int]]
+    half: list[tuple[str, int]]
+    queue_n: int
+    record: dict[str, Any]
+
+
 @dataclass(frozen=True, eq=False)
 class _Graders:
     """Every approach, run on one placement of the actual day in the grading world."""
@@ -334,19 +441,14 @@ class _Graders:
     world: WarehouseEmulator
     autoslo: Any
     queue: HistoryRunner
-    budget: int
-    half: int
     minimum_s: float
     delay_s: float
     hour_s: float
     capacity_per_s: dict[int, float]
     cfg: EndToEndConfig
 
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The approaches, in report order (``queue@N`` names its ``N``)."""
-        return ("autoslo", "fixed-large", "fixed-2x-half", f"queue@{self.cfg.tuner.queue_n}", "rais-balanced",
-                "rais-performance")
+    names: tuple[str, ...] = ("autoslo", "fixed-peak", "fixed-2x-half", "queue@tuned", "rais-balanced",
+                              "rais-performance")
 
     def floor(self, queries: Sequence[Query], seed: int) -> tuple[float, float]:
         """``(vr, cost)`` of one smallest cluster serving every query: the most packed placement."""
@@ -354,16 +456,16 @@ class _Graders:
         return _simulate(self.world, [("floor", smallest)], RoundRobinRouter(), queries, seed, self.minimum_s)
 
     def run(self, name: str, queries: Sequence[Query], seed: int, *, plan: ExecutionConfig, base: ExecutionConfig,
-            forecast_per_s: np.ndarray) -> tuple[float, float, list]:
+            forecast_per_s: np.ndarray, choices: _Choices) -> tuple[float, float, list]:
         """``(vr, cost, RAIS resizes)`` of one approach (cost in price × size × seconds)."""
         if name == "autoslo":
             out = self.autoslo(plan, queries, seed)
             return out.vr, out.cost, getattr(self.autoslo, "drift_state_", None) or []
         if name.startswith("queue@"):
-            out = self.queue(base, queries, seed)
+            out = dataclasses.replace(self.queue, queue_n=choices.queue_n)(base, queries, seed)
             return out.vr, out.cost, []
         if name.startswith("fixed-"):
-            pool = [("large", self.budget)] if name == "fixed-large" else [("half0", self.half), ("half1", self.half)]
+            pool = choices.peak if name == "fixed-peak" else choices.half
             return (*_simulate(self.world, pool, RoundRobinRouter(), queries, seed, self.minimum_s), [])
         setting = self.cfg.rais_balanced if name == "rais-balanced" else self.cfg.rais_performance
         scaler = RaisScaler(forecast_per_s, self.hour_s, self.capacity_per_s, setting, spinup_delay_s=self.delay_s,
@@ -371,6 +473,31 @@ class _Graders:
         vr, cost = _simulate(self.world, [("rais0", scaler.predicted_size(0.0))], RoundRobinRouter(), queries, seed,
                              self.minimum_s, scaler)
         return vr, cost, [[t / self.hour_s, size] for t, size in scaler.resizes]
+
+
+def measured_sizes(train_log: pd.DataFrame, grade_log: pd.DataFrame) -> tuple[int, ...]:
+    """The cluster sizes both logs ran: no service time is extrapolated to a size either never measured."""
+    both = sorted(set(map(int, train_log["cluster_size"].unique())) & set(map(int, grade_log["cluster_size"].unique())))
+    if not both:
+        raise ValueError(f"The 'grade_log' parameter must share a cluster size with the training log, got "
+                         f"{sorted(map(int, grade_log['cluster_size'].unique()))} against "
+                         f"{sorted(map(int, train_log['cluster_size'].unique()))}.")
+    return tuple(both)
+
+
+def _buy_baselines(world: WarehouseEmulator, setup: _CellSetup, cell: _Cell, draw: tuple[list[Query], int],
+                   templates: Sequence[str], slo_ref: dict[str, float], scale: float, cfg: EndToEndConfig,
+                   tcfg: HistoryExperimentConfig, *, minimum_s: float) -> _Choices:
+    queries, seed = draw
+    peak, peak_record = fixed_peak_pool(world, queries, hour_s=setup.hour_s, sizes=tcfg.sizes,
+                                        tau=tcfg.tau_target, minimum_s=minimum_s, seed=seed,
+                                        max_clusters=tcfg.max_clusters)
+    half = half_split(peak_record["budget_units"], tcfg.sizes)
+    queue_n, queue_record = tune_queue_n(setup, cell, cfg.queue_candidates, cfg.queue_tune_days, templates,
+                                         slo_ref, scale, tcfg.tau_target)
+    record = {"fixed-peak": peak_record, "fixed-2x-half": {"sizes": [s for _, s in half]},
+              "queue@tuned": {"n": queue_n, **queue_record}}
+    return _Choices(peak, half, queue_n, record)
 
 
 def _pick_instance(frame: pd.DataFrame, n_days: int, history_days: int) -> int:
@@ -448,15 +575,13 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
     days = pick_target_days(rows, tcfg.n_target_days, history_days + 1, min_gap_days=history_days + 1)
     if not days:
         raise ValueError(f"Instance {instance} has no weekday with {history_days + 1} days of history before it.")
+    if cfg.sizes_from_logs:
+        tcfg = dataclasses.replace(tcfg, sizes=measured_sizes(train_log, grade_log))
     train_world, train_report, slo_ref, templates, mean_iso, _ = scaling_setup(
         train_log, ScalingExperimentConfig(start_sizes=(1,), candidate_sizes=tuple(tcfg.sizes), seed=seed))
     world, report, templates = grading_world(grade_log, templates, tcfg.sizes, seed=seed)
     if cfg.slowdown != 1.0:
         world = world.slowed(cfg.slowdown)
-    budget, half = max(tcfg.sizes), max(tcfg.sizes) // 2
-    if half < 1 or half not in world.sizes:
-        raise ValueError(f"The 'sizes' of the tuner must let two clusters of half the budget run in the grading "
-                         f"world; budget {budget} (its largest size), half {half}, measured {list(world.sizes)}.")
     scale = _scale(rows[["ts", "query_count"]], min(days), tcfg)
     hour_s = tcfg.hour_units * mean_iso
     minimum_s, delay_s = tcfg.minimum_units * mean_iso, tcfg.spinup_delay_units * mean_iso
@@ -467,7 +592,7 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                                     sizes_from_plan=cfg.plan_sizes, drift=drift)
     queue = HistoryRunner(world, minimum_s, tcfg.queue_n, tcfg.pack_n, delay_s, tcfg.max_clusters)
     capacity = _capacity_per_s(train_world, templates, tcfg.sizes)  # what the operator knows: the training log
-    graders = _Graders(world, autoslo, queue, budget, half, minimum_s, delay_s, hour_s, capacity, cfg)
+    graders = _Graders(world, autoslo, queue, minimum_s, delay_s, hour_s, capacity, cfg)
 
     scenarios, details = [], []
     for day in days:
@@ -483,10 +608,12 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                     forecast = forecaster.hourly_counts(setup.target) * scale / hour_s  # compressed arrivals per s
             draws = [(_queries(a, templates, slo_ref, kappa), cell_seed(seed, 9 + d))
                      for d, a in enumerate(setup.actuals)]
+            choices = _buy_baselines(world, setup, cell, draws[0], templates, slo_ref, scale, cfg, tcfg,
+                                     minimum_s=minimum_s)
             results, resizes = {}, {}
             for name in graders.names:
-                outs = [graders.run(name, q, s, plan=chosen, base=setup.base, forecast_per_s=forecast)
-                        for q, s in draws]
+                outs = [graders.run(name, q, s, plan=chosen, base=setup.base, forecast_per_s=forecast,
+                                    choices=choices) for q, s in draws]
                 vr, cost = float(np.mean([o[0] for o in outs])), float(np.mean([o[1] for o in outs])) / hour_s
                 results[name] = {"vr": vr, "cost": cost, "meets_tau": vr <= tcfg.tau_target}
                 if name.startswith("rais-"):
@@ -497,7 +624,8 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
             floor_vr = float(np.mean([f[0] for f in floors]))
             scenario = {"day": day, "kappa": kappa, "results": results,
                         "floor": {"vr": floor_vr, "cost": float(np.mean([f[1] for f in floors])) / hour_s,
-                                  "meets_tau": floor_vr <= tcfg.tau_target}}
+                                  "meets_tau": floor_vr <= tcfg.tau_target},
+                        "baselines": choices.record}
             scenarios.append(scenario)
             details.append({"instance": int(instance), "day": day, "kappa": kappa, **tuned,
                             "start_sizes": list(chosen.start_sizes),
@@ -507,6 +635,8 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                             "wall_s": time.perf_counter() - cell_started,
                             # what a live replay of this scenario needs (experiments/end_to_end_live.py)
                             "arrivals": draws[0][0], "plan": chosen, "base": setup.base,
+                            "pools": {"fixed-peak": choices.peak, "fixed-2x-half": choices.half},
+                            "queue_n": choices.queue_n,
                             "capacity_per_s": capacity, "forecast_per_s": forecast})
             if on_scenario is not None:
                 on_scenario(scenario)
@@ -537,14 +667,23 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                                 "through ScheduledSpinups"
                                 + (", adding the sizes the plan was tuned with" if cfg.plan_sizes else ""),
                      "tuner": "packing router + Queue@N + teardown (the Iconq+ layer is too slow for tuning)"},
-        "budget_units": budget, "sizes": list(tcfg.sizes), "templates": len(templates), "count_scale": scale,
+        "sizes": list(tcfg.sizes), "sizes_from_logs": cfg.sizes_from_logs,
+        "baselines": {"fixed-peak": "the cheapest pool of one measured size (round-robin, at most max_clusters) "
+                                    "meeting τ in the day's busiest hour, simulated in the grading world",
+                      "fixed-2x-half": "fixed-peak's budget in two halves, each of clusters of one measured size, "
+                                       "round-robin",
+                      "queue@tuned": f"Queue@N with N of {list(cfg.queue_candidates)}: the cheapest meeting τ "
+                                     f"over the {cfg.queue_tune_days} actual days before the target, simulated "
+                                     f"in the training log's world",
+                      "rais": f"one cluster resized between sizes {min(tcfg.sizes)} and {max(tcfg.sizes)}"},
+        "templates": len(templates), "count_scale": scale,
         "time_scale": {"mean_isolated_s": mean_iso, "hour_s": hour_s, "hour_units": tcfg.hour_units,
                        "cost_unit": "size-1 cluster-hours of the compressed day"},
         "rais": {"balanced": dataclasses.asdict(cfg.rais_balanced),
                  "performance": dataclasses.asdict(cfg.rais_performance), "hold_hours": cfg.rais_hold_hours},
         "quick": quick, "seed": seed, "wall_s": time.perf_counter() - started,
     }
-    return EndToEndResult(tcfg.tau_target, world_doc, tuple(scenarios), summarize(scenarios), tuple(details))
+    return EndToEndResult(tcfg.tau_target, world_doc, tuple(scenarios), summarize(scenarios), tuple(details), tcfg)
 
 
 def plot_scenarios(result: EndToEndResult, folder: str | Path) -> list[Path]:
@@ -557,9 +696,9 @@ def plot_scenarios(result: EndToEndResult, folder: str | Path) -> list[Path]:
 
     from sloctl.datasets.analysis import save_figure
 
-    markers = {"autoslo": "^", "fixed-large": "o", "fixed-2x-half": "h", "rais-balanced": "D",
+    markers = {"autoslo": "^", "fixed-peak": "o", "fixed-2x-half": "h", "rais-balanced": "D",
                "rais-performance": "s"}
-    colours = {"autoslo": "tab:green", "fixed-large": "tab:blue", "fixed-2x-half": "tab:blue",
+    colours = {"autoslo": "tab:green", "fixed-peak": "tab:blue", "fixed-2x-half": "tab:blue",
                "rais-balanced": "tab:red", "rais-performance": "tab:red"}
     paths = []
     instance = result.world.get("instance", "")

@@ -593,19 +593,17 @@ def run_baseline_live(name: str, db_path: str | Path, queries: Sequence[Query], 
     from sloctl.experiments.end_to_end import RaisScaler, RaisSetting
     from sloctl.serving.live import run_live
 
-    budget, half = max(tuner.sizes), max(tuner.sizes) // 2
     delay_s = warmup_s
     autoscaler: Any = None
     router: Any = RoundRobinRouter()
-    if name == "fixed-large":
-        clusters = [("large", budget)]
-    elif name == "fixed-2x-half":
-        clusters = [("half0", half), ("half1", half)]
+    if name in ("fixed-peak", "fixed-2x-half"):
+        clusters = [tuple(c) for c in detail["pools"][name]]
     elif name.startswith("queue@"):
         base: ExecutionConfig = detail["base"]
         knobs = scale_plan(base, None, time_scale, delay_s).autoscaler
         autoscaler = ScheduledSpinups([ScheduledSpinup(s.time_s * time_scale, s.size, s.mode) for s in base.spinups],
-                                      QueueScaler(knobs, tuner.queue_n), spinup_delay_s=delay_s,
+                                      QueueScaler(knobs, int(detail.get("queue_n", tuner.queue_n))),
+                                      spinup_delay_s=delay_s,
                                       max_clusters=tuner.max_clusters)
         router = PackingRouter(tuner.pack_n)
         clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(base.start_sizes)]
@@ -648,7 +646,7 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
     from sloctl.experiments.end_to_end import EndToEndConfig
 
     cfg.validate()
-    tuner = tuner or EndToEndConfig().tuner
+    tuner = tuner or getattr(result, "tuner", None) or EndToEndConfig().tuner
     world = result.world
     first_day = result.scenarios[0]["day"]
     index = next((k for k, s in enumerate(result.scenarios)

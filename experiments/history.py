@@ -754,7 +754,8 @@ def run_table5(hourly_path: str | Path, log_path: str | Path | pd.DataFrame | No
                instances: Sequence[int] | None = None, seed: int = 0, quick: bool = False,
                tune_knobs: bool = True, grade_log: pd.DataFrame | None = None, reactive: str = "queue",
                model_dir: str | Path | None = None, router: RouterSection | None = None,
-               tau_target: float | None = None,
+               tau_target: float | None = None, peak_load: float | None = None, max_clusters: int | None = None,
+               sizes: Sequence[int] | None = None,
                on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Table 5 from files: the Redset hourly Parquet and a query log (default: the bench log).
 
@@ -766,7 +767,9 @@ def run_table5(hourly_path: str | Path, log_path: str | Path | pd.DataFrame | No
     ``tune_knobs=False`` runs the Spin-up Scheduler alone (the ablation).
     ``grade_log``, ``reactive``, ``model_dir`` and ``router`` re-grade it
     (see :func:`history_experiment`); ``tau_target`` replaces ``τ`` (0.05;
-    the paper's §8.2 uses 0.1).
+    the paper's §8.2 uses 0.1); ``peak_load``, ``max_clusters`` and ``sizes``
+    replace the world's (``sloctl experiment end-to-end``'s world: 6, 8 and
+    the sizes both logs measured).
     """
     import pandas as pd
 
@@ -779,8 +782,10 @@ def run_table5(hourly_path: str | Path, log_path: str | Path | pd.DataFrame | No
                                     f"collect one with `sloctl collect` or pass log_path.")
         log = read_log(path)
     config = HistoryExperimentConfig(tune_knobs=tune_knobs)
-    if tau_target is not None:
-        config = dataclasses.replace(config, tau_target=tau_target)
+    world = {k: v for k, v in (("tau_target", tau_target), ("peak_load", peak_load),
+                               ("max_clusters", max_clusters), ("sizes", None if sizes is None else tuple(sizes)))
+             if v is not None}
+    config = dataclasses.replace(config, **world)
     return history_experiment(hourly_path, log, instances=instances, n_instances=1 if quick else 3,
                               config=config, seed=seed, quick=quick, grade_log=grade_log, reactive=reactive,
                               model_dir=model_dir, router=router, on_progress=on_progress)

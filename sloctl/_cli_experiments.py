@@ -619,6 +619,13 @@ def experiment_history_cmd(
                               "(trained on --log)."),
     allow_same_log: bool = typer.Option(False, "--allow-same-log", help="Grade on --grade-log even when it holds "
                                         "--log's rows."),
+    peak_load: float | None = typer.Option(None, "--peak-load", help="The 95th percentile of the hourly counts "
+                                           "offers this many times what one size-1 cluster serves (default 1.5; "
+                                           "`experiment end-to-end`'s world: 6)."),
+    max_clusters: int | None = typer.Option(None, "--max-clusters", help="Pool limit (default 4; `experiment "
+                                            "end-to-end`'s world: 8)."),
+    sizes: str | None = typer.Option(None, "--sizes", help="Cluster sizes the tuner and the Autoscaler may use, "
+                                     "comma-separated (default 1,2); each must be measured by the logs."),
     config: Path | None = ConfigOption,
 ) -> None:
     """Table 5: VR and cost of configurations tuned on 0, 1, 7 and 30 days of history, graded on the real day.
@@ -632,6 +639,7 @@ def experiment_history_cmd(
     from sloctl.experiments.history import DEFAULT_LOG, run_table5
 
     ids = _history_inputs(instances, reactive, tau, log)
+    world = _history_world(peak_load, max_clusters, sizes)
     regrade = {}
     with contextlib.ExitStack() as stack:
         if grade_log:
@@ -642,7 +650,8 @@ def experiment_history_cmd(
             regrade.update(reactive="iconq", model_dir=_model_folder(model, cfg, stack), router=cfg.router)
         with progress_bar("experiment history: cells", total=None) as bar:
             result = run_table5(hourly, read_logs(log) if log else None, instances=ids, seed=seed, quick=quick,
-                                tune_knobs=not spinups_only, tau_target=tau, on_progress=bar.callback(), **regrade)
+                                tune_knobs=not spinups_only, tau_target=tau, on_progress=bar.callback(), **world,
+                                **regrade)
     if as_json:
         typer.echo(json.dumps(result, default=float))
     else:
@@ -651,6 +660,25 @@ def experiment_history_cmd(
 
 SpinupsOnly = Annotated[bool, typer.Option("--spinups-only", help="Ablation: schedule spin-ups only, without the "
                                            "Configuration Tuner.")]
+
+
+def _history_world(peak_load: float | None, max_clusters: int | None, sizes: str | None) -> dict:
+    """``experiment history``'s world options, checked: the keyword arguments of ``run_table5``."""
+    if peak_load is not None and not 0 < peak_load <= 1000:
+        raise typer.BadParameter(f"must be in (0, 1000] (× one size-1 cluster's capacity); got {peak_load}",
+                                 param_hint="--peak-load")
+    if max_clusters is not None and not 1 <= max_clusters <= 256:
+        raise typer.BadParameter(f"must be a whole number in [1, 256]; got {max_clusters}", param_hint="--max-clusters")
+    parsed = None
+    if sizes is not None:
+        try:
+            parsed = sorted({int(x) for x in sizes.split(",") if x.strip()})
+        except ValueError:
+            parsed = []
+        if not parsed or parsed[0] < 1:
+            raise typer.BadParameter(f"expected comma-separated whole sizes ≥ 1 such as 1,2,4; got {sizes!r}",
+                                     param_hint="--sizes")
+    return {"peak_load": peak_load, "max_clusters": max_clusters, "sizes": parsed}
 
 
 def _history_inputs(instances: str, reactive: str, tau: float | None, log: list[Path]) -> list[int] | None:
@@ -769,10 +797,9 @@ def experiment_end_to_end_cmd(
     slowdown: float = typer.Option(1.0, "--slowdown", help="Grade in a world this many times slower than "
                                    "--grade-log measured (the machine in a slower period than training)."),
     peak_load: float | None = typer.Option(None, "--peak-load", help="The 95th percentile of the hourly counts "
-                                           "offers this many times what one size-1 cluster serves (default: the "
-                                           "config's, 1.5)."),
-    max_clusters: int | None = typer.Option(None, "--max-clusters", help="The most clusters AutoSLO and Queue@N "
-                                            "may hold at once (default: the config's, 4)."),
+                                           "offers this many times what one size-1 cluster serves (default: 6)."),
+    max_clusters: int | None = typer.Option(None, "--max-clusters", help="The most clusters AutoSLO, Queue@N and "
+                                            "the fixed-peak pool may hold at once (default: 8)."),
     drift_window: float | None = typer.Option(None, "--drift-window", help="Calibrate AutoSLO's predictions "
                                               "against completions online over this sliding window, in mean "
                                               "isolated latencies (e.g. 200); default: off (docs/end_to_end.md)."),
@@ -871,9 +898,8 @@ def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db
                                        labels=labels, on_scenario=progress, on_progress=bar.callback())
         if live_cfg is None:
             return result, None
-        e2e = EndToEndConfig().quick() if quick else EndToEndConfig()
         return result, end_to_end_live(
-            result, live_db, bundle, router=cfg.router, tuner=e2e.tuner,
+            result, live_db, bundle, router=cfg.router, tuner=result.tuner,
             pool_options=cfg.warehouse.pool_options() if live_cfg.budgets else None, cfg=live_cfg,
             on_progress=live_progress)
 

@@ -75,9 +75,9 @@ def test_result_has_the_issue_json_shape_and_says_which_world_graded(tiny_run, s
     assert set(doc) == {"tau_target", "world", "scenarios", "summary"}
     assert doc["tau_target"] == 0.1
     assert len(doc["scenarios"]) == 4  # two days × κ ∈ {2, 4}
-    approaches = {"autoslo", "fixed-large", "fixed-2x-half", "queue@4", "rais-balanced", "rais-performance"}
+    approaches = {"autoslo", "fixed-peak", "fixed-2x-half", "queue@tuned", "rais-balanced", "rais-performance"}
     for scenario in doc["scenarios"]:
-        assert set(scenario) == {"day", "kappa", "results", "floor"} and scenario["kappa"] in (2.0, 4.0)
+        assert set(scenario) == {"day", "kappa", "results", "floor", "baselines"} and scenario["kappa"] in (2.0, 4.0)
         assert set(scenario["results"]) == approaches
         for r in [*scenario["results"].values(), scenario["floor"]]:
             assert set(r) == {"vr", "cost", "meets_tau"}
@@ -102,11 +102,11 @@ def test_summary_compares_with_the_cheapest_baseline_that_meets_tau():
         return {"day": "d", "kappa": 2.0, "results": results}
 
     summary = summarize([
-        scenario((0.05, 6.0), **{"fixed-large": (0.0, 12.0), "rais-balanced": (0.08, 8.0), "queue@4": (0.3, 2.0)}),
-        scenario((0.09, 9.0), **{"fixed-large": (0.2, 4.0), "rais-balanced": (0.12, 10.0)}),  # none meets τ
+        scenario((0.05, 6.0), **{"fixed-peak": (0.0, 12.0), "rais-balanced": (0.08, 8.0), "queue@tuned": (0.3, 2.0)}),
+        scenario((0.09, 9.0), **{"fixed-peak": (0.2, 4.0), "rais-balanced": (0.12, 10.0)}),  # none meets τ
     ])
     assert summary["autoslo_meets_tau_all"] is True
-    assert summary["cost_vs_next_best"] == pytest.approx(6.0 / 8.0 - 1.0)  # queue@4 is cheaper but misses τ
+    assert summary["cost_vs_next_best"] == pytest.approx(6.0 / 8.0 - 1.0)  # queue@tuned is cheaper but misses τ
     assert summary["cost_vs_rais_balanced"] == pytest.approx(np.mean([6.0 / 8.0 - 1.0, 9.0 / 10.0 - 1.0]))
 
 
@@ -118,8 +118,8 @@ def test_summary_reports_the_floor_against_the_cheapest_baseline_that_meets_tau(
                 "floor": {"vr": floor[0], "cost": floor[1], "meets_tau": floor[0] <= 0.1}}
 
     summary = summarize([
-        scenario((0.4, 5.0), (0.05, 6.0), **{"fixed-large": (0.0, 12.0), "rais-balanced": (0.08, 8.0)}),
-        scenario((0.9, 3.0), (0.09, 9.0), **{"fixed-large": (0.2, 4.0)}),  # none meets τ: left out
+        scenario((0.4, 5.0), (0.05, 6.0), **{"fixed-peak": (0.0, 12.0), "rais-balanced": (0.08, 8.0)}),
+        scenario((0.9, 3.0), (0.09, 9.0), **{"fixed-peak": (0.2, 4.0)}),  # none meets τ: left out
     ])
     assert summary["floor_vs_next_best"] == pytest.approx(5.0 / 8.0 - 1.0)
     assert summary["floor_is_least"] is True
@@ -139,7 +139,7 @@ def test_iconq_runner_takes_the_plans_candidate_sizes_only_when_told(monkeypatch
     from sloctl.control.scheduler import ExecutionConfig
     from sloctl.experiments import history
 
-    seen = []
+    seen: list = []
 
     class Stop(Exception):
         pass
@@ -158,6 +158,68 @@ def test_iconq_runner_takes_the_plans_candidate_sizes_only_when_told(monkeypatch
         with pytest.raises(Stop):
             runner(plan, [], 0)
         assert seen[-1] == expected
+
+
+def test_baselines_are_bought_as_an_operator_would(tiny_run):
+    """fixed-peak: the cheapest pool meeting τ at the peak hour; 2x-half: its budget halved; N tuned on history."""
+    tau = tiny_run.tau_target
+    for scenario, detail in zip(tiny_run.scenarios, tiny_run.details, strict=True):
+        peak = scenario["baselines"]["fixed-peak"]
+        meeting = [t for t in peak["tried"] if t["vr"] <= tau]
+        assert peak["meets_tau_at_peak"] == bool(meeting)
+        if meeting:
+            assert peak["size"] * peak["clusters"] == peak["budget_units"]
+            chosen = next(t for t in peak["tried"] if (t["size"], t["clusters"]) == (peak["size"], peak["clusters"]))
+            assert chosen["cost"] == min(t["cost"] for t in meeting)
+        for t in peak["tried"]:  # clusters are added one at a time until the hour meets τ
+            assert t["clusters"] <= tiny_run.tuner.max_clusters
+        pool = detail["pools"]["fixed-peak"]
+        assert [s for _, s in pool] == [peak["size"]] * peak["clusters"]
+        half = [s for _, s in detail["pools"]["fixed-2x-half"]]
+        assert sum(half) == 2 * -(-peak["budget_units"] // 2) and len(set(half)) == 1
+        assert set(half) <= set(tiny_run.tuner.sizes)
+        queue = scenario["baselines"]["queue@tuned"]
+        assert queue["days"] == 7 and {t["n"] for t in queue["tried"]} == {1, 2, 4, 8}
+        assert detail["queue_n"] == queue["n"]
+        meeting_n = [t for t in queue["tried"] if t["vr"] <= tau]
+        if meeting_n:
+            assert queue["n"] == min(meeting_n, key=lambda t: t["cost"])["n"]
+    assert tiny_run.world["sizes"] == [1, 2] and tiny_run.world["sizes_from_logs"] is True
+
+
+def test_fixed_peak_pool_adds_clusters_until_the_busiest_hour_meets_tau():
+    from sloctl.experiments.end_to_end import fixed_peak_pool, half_split, peak_hour
+
+    world, _ = calibrate(isolated_log({("a", 1): [1.0] * 5, ("a", 2): [0.5] * 5, ("a", 4): [0.25] * 5}))
+    hour_s = 100.0
+    # hour 3 is busy (two arrivals a second of 1 s queries on size 1: needs 2+ size-1 clusters), hour 10 light
+    busy = [Query(i, "a", 300.0 + 0.5 * i, 1.5) for i in range(200)]
+    light = [Query(1000 + i, "a", 1000.0 + 10.0 * i, 1.5) for i in range(5)]
+    hour, peak = peak_hour(busy + light, hour_s)
+    assert hour == 3 and len(peak) == 200 and min(q.arrival_s for q in peak) == 0.0
+    pool, record = fixed_peak_pool(world, busy + light, hour_s=hour_s, sizes=(1, 2, 4), tau=0.1, minimum_s=5.0,
+                                   seed=0, max_clusters=4)
+    assert record["meets_tau_at_peak"] and record["peak_hour"] == 3
+    by_size = {}
+    for t in record["tried"]:
+        by_size.setdefault(t["size"], []).append(t)
+    assert [t["clusters"] for t in by_size[1]] == list(range(1, len(by_size[1]) + 1))
+    assert by_size[1][0]["vr"] > 0.1 and by_size[1][-1]["vr"] <= 0.1  # one size-1 cluster cannot keep up
+    assert len(pool) == record["clusters"] and {s for _, s in pool} == {record["size"]}
+    assert half_split(8, (1, 2, 4)) == [("half0-0-s4", 4), ("half1-0-s4", 4)]
+    assert [s for _, s in half_split(6, (1, 2, 4))] == [1] * 6  # halves of 3 units: size 1 divides them
+    assert [s for _, s in half_split(12, (1, 2, 4))] == [2] * 6
+    assert [s for _, s in half_split(1, (1, 2, 4))] == [1, 1]
+
+
+def test_sizes_are_those_both_logs_measured():
+    from sloctl.experiments.end_to_end import measured_sizes
+
+    a = isolated_log({("a", 1): [1.0], ("a", 2): [0.5], ("a", 4): [0.3]})
+    b = isolated_log({("a", 1): [1.1], ("a", 4): [0.3]})
+    assert measured_sizes(a, b) == (1, 4)
+    with pytest.raises(ValueError, match="'grade_log'"):
+        measured_sizes(a, isolated_log({("a", 8): [0.1]}))
 
 
 def test_grading_on_the_training_log_is_refused_unless_allowed(sim_log, model_dir):
@@ -211,6 +273,24 @@ def test_cli_names_the_option_of_a_bad_world_setting(sim_log, tmp_path, run_sloc
                           ("--drift-window", "0")):
         proc = run_sloctl("experiment", "end-to-end", "--train-log", log, "--grade-log", log, option, value)
         assert proc.returncode == 2 and option in proc.stderr, (option, proc.stderr[-500:])
+
+
+def test_history_cli_names_the_option_of_a_bad_world_setting(sim_log, tmp_path, run_sloctl):
+    log, hourly = tmp_path / "log.parquet", tmp_path / "hourly.parquet"
+    sim_log.to_parquet(log)
+    busy_morning_contour(days=40).to_parquet(hourly)
+    for option, value in (("--peak-load", "0"), ("--max-clusters", "0"), ("--sizes", "0,2"), ("--sizes", "a")):
+        proc = run_sloctl("experiment", "history", "--hourly", hourly, "--log", log, option, value)
+        assert proc.returncode == 2 and option in proc.stderr, (option, proc.stderr[-500:])
+
+
+def test_table5_runs_in_the_end_to_end_world_when_told(sim_log):
+    from sloctl.experiments.history import run_table5
+
+    result = run_table5(busy_morning_contour(days=40), sim_log, quick=True, peak_load=2.0, max_clusters=3,
+                        sizes=(1, 2), tau_target=0.1)
+    assert (result["config"]["peak_load"], result["config"]["max_clusters"]) == (2.0, 3)
+    assert list(result["config"]["sizes"]) == [1, 2] and result["config"]["tau_target"] == 0.1
 
 
 def test_empirical_world_draws_the_held_out_isolated_latencies_not_their_median():

@@ -139,12 +139,12 @@ def test_a_busy_cluster_the_runtime_dropped_is_stopped_only_once_drained():
 
 def test_the_best_baseline_is_the_cheapest_meeting_tau_else_the_lowest_vr():
     results = {"autoslo": {"vr": 0.0, "cost": 1.0, "meets_tau": True},
-               "fixed-large": {"vr": 0.05, "cost": 9.0, "meets_tau": True},
-               "queue@4": {"vr": 0.08, "cost": 4.0, "meets_tau": True},
+               "fixed-peak": {"vr": 0.05, "cost": 9.0, "meets_tau": True},
+               "queue@tuned": {"vr": 0.08, "cost": 4.0, "meets_tau": True},
                "rais-balanced": {"vr": 0.3, "cost": 2.0, "meets_tau": False}}
-    assert best_baseline(results) == "queue@4"
+    assert best_baseline(results) == "queue@tuned"
     missing = {k: {**v, "meets_tau": False} for k, v in results.items()}
-    assert best_baseline(missing) == "fixed-large"
+    assert best_baseline(missing) == "fixed-peak"
     with pytest.raises(ValueError, match="baseline beside autoslo"):
         best_baseline({"autoslo": results["autoslo"]})
 
