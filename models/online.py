@@ -79,7 +79,15 @@ class OnlinePredictor:
         templates: feature table, one row per template (``template`` and the
             plan-feature columns).
         use_iconq: ``False`` ignores neighbours (Stage only, concurrency-unaware).
+
+    A new query's before-sequence holds at most :attr:`max_before` running
+    neighbours, the newest: the before-LSTM runs once per arrival over that
+    sequence, so a cluster with a backlog of thousands would otherwise cost
+    thousands of sequential LSTM steps at every arrival. Every model here was
+    trained on far fewer neighbours (the bundle records how many).
     """
+
+    max_before: int = 128
 
     def __init__(self, predictor: LatencyPredictor, templates: pd.DataFrame, use_iconq: bool = True) -> None:
         self.predictor = predictor
@@ -173,11 +181,11 @@ class OnlinePredictor:
                 info = [(self.running[r].template, self.running[r].arrival_s) for r in running]
                 as_target, as_neighbour = self._pair_blocks(info, (template, arrival_s), size)
                 pairs.append(as_target)
-                befores.append(as_neighbour)
+                befores.append(as_neighbour[-self.max_before:])
                 keys.extend(running)
             else:
                 befores.append(np.zeros((0, self.predictor.net.config.pair_dim), np.float32))
-            lengths.append(len(running))
+            lengths.append(len(befores[-1]))
             plan, stage_s, vec = self.features(template, size)
             own.append(vec)
             base.append(np.log(stage_s))
@@ -230,6 +238,7 @@ class OnlinePredictor:
             info = [(self.running[r].template, self.running[r].arrival_s) for r in running]
             if running:
                 pairs, before = self._pair_blocks(info, (template, arrival_s), size)
+                before = before[-self.max_before:]
                 elapsed = np.array([max(0.0, now_s - self.running[r].arrival_s) for r in running])
                 # add_neighbour then predict(elapsed), in one head evaluation instead of two
                 guarded = self._inc.apply_neighbour(self._inc.step_neighbour(running, torch.from_numpy(pairs)),

@@ -86,6 +86,27 @@ def test_commit_stores_the_routers_counterfactual_step_instead_of_recomputing_it
     assert reused.commit(99, templates[0], 9.5, 1.0, "a", 1, 9.5) > 0
 
 
+def test_a_new_querys_before_sequence_holds_only_the_newest_neighbours(sim_log, iconq_plus):
+    """Past max_before running neighbours, a new query is predicted from the newest ones alone."""
+    from sloctl.models.online import OnlinePredictor
+
+    table = sim_log.drop_duplicates("template").reset_index(drop=True)
+    templates = table["template"].tolist()
+    capped, newest = OnlinePredictor(iconq_plus, table), OnlinePredictor(iconq_plus, table)
+    capped.max_before = newest.max_before = 3
+    arrivals = [(q, templates[q % len(templates)], 0.01 * q) for q in range(8)]
+    for qid, template, t in arrivals:
+        capped.commit(qid, template, t, 1.0, "a", 1, t)
+    for qid, template, t in arrivals[-3:]:
+        newest.commit(qid, template, t, 1.0, "a", 1, t)
+    new = (templates[0], 0.5)
+    got = capped.counterfactuals(*new, {"a": 1}, 0.5)["a"].query_s
+    assert got == pytest.approx(newest.counterfactuals(*new, {"a": 1}, 0.5)["a"].query_s, rel=1e-6)
+    capped._pending = newest._pending = None  # the commit path builds the sequence itself
+    assert capped.commit(100, *new, 1.0, "a", 1, 0.5) == pytest.approx(
+        newest.commit(100, *new, 1.0, "a", 1, 0.5), rel=1e-6)
+
+
 def test_router_experiment_reports_how_often_the_guard_fired(sim_log, iconq_plus):
     from sloctl.control.router import RouterGuard
 
