@@ -189,7 +189,7 @@ def test_a_collected_log_exported_as_csv_imports_back_with_identical_concurrency
 
     small = [t for t in tpch_templates if t.name in ("tpch-q01", "tpch-q03", "tpch-q06", "tpch-q14")] or \
         tpch_templates[:4]
-    log = collect(tpch_db, base_workload(small, 200.0, copies=2), [1], log=None).log
+    log = collect(tpch_db, base_workload(small, 2000.0, copies=3), [1], log=None).log  # arrivals 0.5 ms apart
     sql = {t.name: t.sql for t in tpch_templates}
     export = pd.DataFrame({"query_id": log["query_id"], "template": log["template"],
                            "sql": log["template"].map(sql), "arrival_s": log["arrival_s"] + 1000.0,
