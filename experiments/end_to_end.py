@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -447,7 +447,7 @@ class _Graders:
     capacity_per_s: dict[int, float]
     cfg: EndToEndConfig
 
-    names: tuple[str, ...] = ("autoslo", "fixed-peak", "fixed-2x-half", "queue@tuned", "rais-balanced",
+    names: ClassVar[tuple[str, ...]] = ("autoslo", "fixed-peak", "fixed-2x-half", "queue@tuned", "rais-balanced",
                               "rais-performance")
 
     def floor(self, queries: Sequence[Query], seed: int) -> tuple[float, float]:
