@@ -916,7 +916,10 @@ def _echo_end_to_end(doc: dict) -> None:
         if "floor" in s:
             f = s["floor"]
             typer.echo(f"{s['day']} κ={s['kappa']:g}  {'(floor)':<17} VR {f['vr']:.3f}  cost {f['cost']:8.2f}  "
-                       f"one smallest cluster serving every query: the least any approach paid")
+                       f"one smallest cluster serving every query")
+        if "work_bound" in s:
+            typer.echo(f"{s['day']} κ={s['kappa']:g}  {'(work bound)':<17} {'':9}  cost "
+                       f"{s['work_bound']['cost']:8.2f}  the day's work at its cheapest size: no approach pays less")
     summary = doc["summary"]
 
     def pct(x: float | None) -> str:
@@ -929,6 +932,11 @@ def _echo_end_to_end(doc: dict) -> None:
         bound = "" if summary["floor_is_least"] else " (not a bound here: some approach paid less than the floor)"
         typer.echo(f"the floor vs the cheapest baseline meeting τ: {pct(summary['floor_vs_next_best'])}, the "
                    f"lowest 'cost vs the cheapest baseline meeting τ' any approach could reach{bound}")
+    if "work_bound_vs_next_best" in summary:
+        holds = "" if world.get("work_bound", {}).get("holds", True) else " (not a bound here: some α < 1)"
+        typer.echo(f"the work bound vs the cheapest baseline meeting τ: {pct(summary['work_bound_vs_next_best'])} "
+                   f"(in the closest scenario {pct(summary['work_bound_vs_next_best_max'])}): no approach can "
+                   f"be cheaper than the next best by more{holds}")
     if "live" in doc:
         _echo_end_to_end_live(doc["live"])
 

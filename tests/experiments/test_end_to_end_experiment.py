@@ -77,13 +77,19 @@ def test_result_has_the_issue_json_shape_and_says_which_world_graded(tiny_run, s
     assert len(doc["scenarios"]) == 4  # two days × κ ∈ {2, 4}
     approaches = {"autoslo", "fixed-peak", "fixed-2x-half", "queue@tuned", "rais-balanced", "rais-performance"}
     for scenario in doc["scenarios"]:
-        assert set(scenario) == {"day", "kappa", "results", "floor", "baselines"} and scenario["kappa"] in (2.0, 4.0)
+        assert set(scenario) == {"day", "kappa", "results", "floor", "work_bound", "baselines"}
+        assert scenario["kappa"] in (2.0, 4.0)
         assert set(scenario["results"]) == approaches
         for r in [*scenario["results"].values(), scenario["floor"]]:
             assert set(r) == {"vr", "cost", "meets_tau"}
             assert 0.0 <= r["vr"] <= 1.0 and r["cost"] > 0 and r["meets_tau"] == (r["vr"] <= 0.1)
     assert set(doc["summary"]) == {"autoslo_meets_tau_all", "cost_vs_next_best", "cost_vs_rais_balanced",
-                                   "floor_vs_next_best", "floor_is_least"}
+                                   "floor_vs_next_best", "floor_is_least", "work_bound_vs_next_best",
+                                   "work_bound_vs_next_best_max"}
+    # the work bound holds where every α ≥ 1 (then no approach paid less than the day's work); this world says
+    alpha = doc["world"]["grade_log"]["alpha"]
+    assert doc["world"]["work_bound"]["holds"] is all(a >= 1.0 for a in alpha.values())
+    assert all(s["work_bound"]["cost"] > 0 for s in doc["scenarios"])
     # the floor packs every query on one smallest cluster: no approach here paid less
     assert doc["summary"]["floor_is_least"] is True
     assert all(r["cost"] >= s["floor"]["cost"] * (1 - 1e-9) for s in doc["scenarios"] for r in s["results"].values())
@@ -125,6 +131,35 @@ def test_summary_reports_the_floor_against_the_cheapest_baseline_that_meets_tau(
     assert summary["floor_is_least"] is True
     cheaper = summarize([scenario((0.4, 7.0), (0.05, 6.0), **{"rais-balanced": (0.08, 8.0)})])
     assert cheaper["floor_is_least"] is False  # AutoSLO paid less than the 'floor': it bounds nothing here
+
+
+def test_the_work_bound_is_the_days_work_at_its_cheapest_size_and_bounds_a_packed_cluster():
+    from sloctl.control.router import Query
+    from sloctl.experiments.end_to_end import _simulate, work_bound
+    from sloctl.simulation.emulator import WarehouseEmulator
+
+    # 'a' is cheapest on size 2 (2 × 0.4 < 1.0), 'b' on size 1 (1 × 1.0 < 2 × 0.6)
+    world = WarehouseEmulator(isolated_s={("a", 1): 1.0, ("a", 2): 0.4, ("b", 1): 1.0, ("b", 2): 0.6},
+                              alpha={1: 1.0, 2: 1.0}, sizes=(1, 2),
+                              samples_s={("a", 1): (0.5, 1.5), ("a", 2): (0.4,), ("b", 1): (1.0,), ("b", 2): (0.6,)})
+    queries = [Query(i, "ab"[i % 2], 0.1 * i, 5.0) for i in range(10)]
+    assert work_bound(world, queries, (1, 2)) == pytest.approx(5 * 0.8 + 5 * 1.0)
+    assert work_bound(world, queries, (1,)) == pytest.approx(5 * 1.0 + 5 * 1.0)  # a's mean on size 1 is 1.0
+    for size in (1, 2):  # one cluster of either size, every query packed on it, pays at least the bound
+        from sloctl.control.router import RoundRobinRouter
+
+        _, cost = _simulate(world, [("c", size)], RoundRobinRouter(), queries, 0, 0.0)
+        assert cost >= work_bound(world, queries, (1, 2)) * (1 - 1e-9)
+
+
+def test_summary_says_how_far_below_the_next_best_the_work_bound_lies():
+    results = {"autoslo": {"vr": 0.05, "cost": 9.0, "meets_tau": True},
+               "queue@tuned": {"vr": 0.05, "cost": 10.0, "meets_tau": True},
+               "fixed-peak": {"vr": 0.5, "cost": 5.0, "meets_tau": False}}
+    summary = summarize([{"day": "d", "kappa": 2.0, "results": results, "work_bound": {"cost": 8.0}},
+                         {"day": "e", "kappa": 2.0, "results": results, "work_bound": {"cost": 9.5}}])
+    assert summary["work_bound_vs_next_best"] == pytest.approx(np.mean([-0.2, -0.05]))
+    assert summary["work_bound_vs_next_best_max"] == pytest.approx(-0.05)
 
 
 def test_autoslo_adds_the_sizes_its_plan_was_tuned_with(tiny_run):
