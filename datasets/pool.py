@@ -6,12 +6,14 @@ enforced, whole cores. Policies ask it to spin clusters up
 and down and to run queries on them; completions come back with exact start
 and end times on the monotonic clock (``time.monotonic()``, shared by every
 process on the machine). The live DuckDB pool
-(:class:`sloctl.datasets.DuckDBClusterPool`) and simulated pools implement it.
+(:class:`sloctl.datasets.DuckDBClusterPool`), the Trino pool (real Trino
+coordinators, :class:`sloctl.datasets.trino_pool.TrinoClusterPool`) and
+simulated pools implement it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -61,6 +63,13 @@ class QueryRequest:
             ``on_page`` raises, the query is cancelled and ends as ``error``
             naming the exception. Without ``on_page`` the pool drops the pages
             and gives the credit back itself (only the row count is kept).
+        headers: the client's Trino request headers (``X-Trino-User``,
+            ``X-Trino-Catalog``, ``X-Trino-Schema``, ``X-Trino-Session``,
+            ``X-Trino-Prepared-Statement``, ``X-Trino-Client-Tags``, ...), name
+            to value, for a pool whose clusters speak Trino's protocol
+            (:class:`~sloctl.datasets.trino_pool.TrinoClusterPool` sends them
+            with every request of the query); ``None``: none. Pools that run
+            the SQL themselves (DuckDB) ignore them.
     """
 
     query_id: int
@@ -73,6 +82,7 @@ class QueryRequest:
     stream_timeout_s: float | None = None
     on_page: Callable[[tuple[tuple[str, str], ...], Any], None] | None = None
     raw_pages: bool = False
+    headers: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,17 @@ class QueryCompletion:
     :meth:`ClusterPool.cancel` ends as ``error`` with the error
     :data:`CANCELLED`; one whose cluster died under it as ``error`` with
     ``"stopped"`` in the error.
+
+    Two fields are set only by a pool whose clusters speak Trino's protocol
+    (``None`` elsewhere): ``response_headers``, the ``X-Trino-*`` headers of
+    the coordinator's answers that change the client's session
+    (``X-Trino-Set-Session``, ``X-Trino-Clear-Session``,
+    ``X-Trino-Added-Prepare``, ``X-Trino-Deallocated-Prepare``,
+    ``X-Trino-Set-Catalog``, ``X-Trino-Set-Schema``, ...), each name once with
+    its values joined by commas, as a Trino client reads them; and
+    ``trino_error``, the coordinator's own ``error`` object of a failed
+    query (``errorName``, ``errorCode``, ``errorType``, ``message``), so that
+    a front door can hand the same error back to its client.
     """
 
     query_id: int
@@ -122,6 +143,8 @@ class QueryCompletion:
     cpu_budget: float = float("nan")
     columns: tuple[tuple[str, str], ...] | None = None
     data: list[list] | None = None
+    response_headers: Mapping[str, str] | None = None
+    trino_error: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
