@@ -97,7 +97,44 @@ MemoryCatalog = Annotated[str, typer.Option("--memory-catalog", help="Size of th
                                             "warehouse stays read-only), a DuckDB size, or 'off'.")]
 
 
+BackendsFile = Annotated[Path | None, typer.Option("--backends", help="YAML file whose 'backends:' list names the "
+                                                "clusters: duckdb workers, trino coordinators (url) and postgresql "
+                                                "servers (url), each with a size and a routing group "
+                                                "(docs/gateway.md); replaces --sizes.")]
+HistoryUrl = Annotated[str | None, typer.Option("--history-url", help="The query history's database: "
+                                                "sqlite:///PATH or postgresql://... (default: "
+                                                "LOG_DIR/history.sqlite).")]
+HistoryHours = Annotated[float, typer.Option("--history-retention-hours", help="How long the history keeps "
+                                             "a query.")]
+HealthInterval = Annotated[float, typer.Option("--health-interval", help="Seconds between health checks of each "
+                                               "trino and postgresql backend.")]
+
+
+def backends_file(path: Path | None):
+    """The :class:`~sloctl.serving.gateway.backends.BackendSpec` list of a YAML file (``None``: none)."""
+    if path is None:
+        return ()
+    import yaml
+
+    from sloctl.serving.gateway.backends import backends_from_doc
+
+    if not path.is_file():
+        raise typer.BadParameter(f"no such file: {path}", param_hint="--backends")
+    try:
+        doc = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise typer.BadParameter(f"{path} is not YAML ({' '.join(str(exc).split())})",
+                                 param_hint="--backends") from exc
+    if not isinstance(doc, dict) or "backends" not in doc:
+        raise typer.BadParameter(f"{path} must hold a mapping with a 'backends:' list", param_hint="--backends")
+    try:
+        return backends_from_doc(doc["backends"])
+    except ValueError as exc:
+        raise typer.BadParameter(f"{path}: {exc}", param_hint="--backends") from None
+
+
 def gateway_cmd(
+    ctx: typer.Context,
     db: Db = None, sizes: Sizes = "1,1", router: Router = "sloctl", admission: Admission = True,
     retries: Retries = True, policy: Policy = None, slo_log: SloLog = None, kappa: Kappa = 2.0,
     log_dir: LogDir = Path("gateway-logs"), templates_log: TemplatesLog = None, budgets: Budgets = False,
@@ -107,8 +144,15 @@ def gateway_cmd(
     tls_cert: TlsCert = None, tls_key: TlsKey = None, insecure_auth: InsecureAuth = False,
     memory_limit: MemoryLimit = "2GB", drain_grace_s: DrainGrace = 30.0, as_json: StateJson = False,
     catalog: CatalogName = None, memory_catalog: MemoryCatalog = "256MB", config: Config = None,
+    backends: BackendsFile = None, history_url: HistoryUrl = None, history_retention_hours: HistoryHours = 24.0,
+    health_interval: HealthInterval = 2.0,
 ) -> None:
-    """The SLO gateway: Trino clients connect; sloctl admits, routes, retries and logs every query."""
+    """The SLO gateway: Trino clients connect; sloctl admits, routes, retries and logs every query.
+
+    With no command it serves; `sloctl gateway backends ...` and `sloctl gateway history` talk to one that runs.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     from sloctl._cli_experiments import _live_db
     from sloctl.serving.controller import load_templates_table
     from sloctl.serving.gateway import ROUTERS, GatewayOptions
@@ -125,6 +169,7 @@ def gateway_cmd(
     gateway_policy, table = load_gateway_policy(policy), slo_table(slo_log, kappa)
     templates = load_templates_table(templates_log or cfg.serve.templates_log)
     knobs = autoscaler_knobs(autoscaler)
+    specs = backends_file(backends)
     auth = gateway_auth(password_file, jwt_key, jwt_issuer, jwt_audience, admin_user or [], insecure_auth)
     tls = tls_options(tls_cert, tls_key)
     _check_exposure(host, auth.enabled, bool(tls), insecure_auth, drain_grace_s)
@@ -137,7 +182,9 @@ def gateway_cmd(
         retry_uri=retry_uri, watch_interval_s=serve.watch_interval_s,
         pool_options=cfg.warehouse.pool_options() if budgets else None, autoscaler=knobs,
         worker_memory_limit=memory_limit, drain_grace_s=drain_grace_s, catalog=catalog,
-        scratch_memory_limit=None if memory_catalog == "off" else memory_catalog)
+        scratch_memory_limit=None if memory_catalog == "off" else memory_catalog,
+        backends=specs, history_url=history_url,
+        history_retention_hours=history_retention_hours, health_interval_s=health_interval)
     try:
         options.validate()
     except ValueError as exc:

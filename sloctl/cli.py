@@ -34,6 +34,7 @@ from sloctl._cli_experiments import experiment_app
 from sloctl._cli_fit import fit_app
 from sloctl._cli_forecast import forecast_app
 from sloctl._cli_gateway import gateway_cmd, gateway_passwd_cmd
+from sloctl._cli_gateway_admin import add_gateway_admin
 from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
@@ -68,7 +69,10 @@ app.add_typer(fit_app, name="fit")
 app.add_typer(sidecar_app, name="sidecar")
 app.add_typer(forecast_app, name="forecast")
 app.command("predict")(predict_cmd)
-app.command("gateway")(gateway_cmd)
+gateway_app = typer.Typer(help="The SLO gateway: serve (no command), or manage a running one.")
+gateway_app.callback(invoke_without_command=True)(gateway_cmd)
+add_gateway_admin(gateway_app)
+app.add_typer(gateway_app, name="gateway")
 app.command("gateway-passwd")(gateway_passwd_cmd)
 
 

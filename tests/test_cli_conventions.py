@@ -265,8 +265,13 @@ def test_every_number_option_refuses_a_word(tmp_path, monkeypatch):
             break  # one number per command: they all go through the same click check
     no_file_no_number = {path for path, command in _commands(typer.main.get_command(app))
                          if not any(_is_input_path(path, p) for p in command.params)} - commands_seen
-    assert no_file_no_number <= {("warehouse", "templates")}, no_file_no_number
+    # commands whose only input is a name or a running gateway's address: their bad input is checked here
+    talks_to_a_gateway = {("gateway", "backends", verb) for verb in ("list", "drain", "remove")}
+    assert no_file_no_number <= {("warehouse", "templates"), *talks_to_a_gateway}, no_file_no_number
     assert_one_line_error(invoke("warehouse", "templates", "--benchmark", "tpcx"), 2, "tpcx")
+    for path in sorted(talks_to_a_gateway):  # nothing listens there: one line naming --url
+        args = [] if path[-1] == "list" else ["c1"]
+        assert_one_line_error(invoke(*path, *args, "--url", "http://127.0.0.1:9"), 2, "--url")
 
 
 @pytest.mark.parametrize("suffix,content", [(".csv", b"\x00\x01garbage,\n\xff"), (".sqlite", b"not a database"),

@@ -28,8 +28,10 @@ from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
+from sloctl.core.errors import ClusterPoolError
+from sloctl.serving.gateway.backends import backend_from_doc
 from sloctl.serving.gateway.dialect import Session, parse_prepared
-from sloctl.serving.gateway.trino import column, error_doc, stats_doc
+from sloctl.serving.gateway.trino import column, error_doc, stats_doc, trino_column
 
 __all__ = ["FIRST_ANSWER_WAIT_S", "create_gateway_app", "parse_session", "render_metrics"]
 
@@ -145,7 +147,8 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
             doc["error"] = error_doc(q.error)
             return doc, None
         if q.columns is not None:
-            doc["columns"] = [column(name, kind) for name, kind in q.columns]
+            render = trino_column if q.trino_types else column  # a trino backend's types are Trino's already
+            doc["columns"] = [render(name, kind) for name, kind in q.columns]
         if more:  # token t >= 1 asks for page t - 1
             phase = "queued" if state == "QUEUED" else "executing"
             doc["nextUri"] = uri(request, f"/v1/statement/{phase}/{q.query_id}/{q.slug}/{next_index + 1}")
@@ -191,10 +194,15 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
             except ValueError:
                 return bad(f"The X-Sloctl-Slo-S header must be a number of seconds > 0, got {slo_header!r}.",
                            "x-sloctl-slo-s")
+        # what a trino backend gets: the client's X-Trino-* headers, the user the gateway authenticated
+        forward = {k: v for k, v in request.headers.items() if k.lower().startswith("x-trino-")
+                   and k.lower() not in ("x-trino-user", "x-trino-original-user", "x-trino-routing-group")}
+        forward["X-Trino-User"] = principal.user or "sloctl"
+        group = request.headers.get("x-trino-routing-group") or None
         try:
             q = gateway.submit(sql, user=principal.user, tags=tags,
                                source=request.headers.get("x-trino-source"), session=session, slo_s=slo_s,
-                               trino=trino)
+                               trino=trino, forward=forward, group=group)
         except ValueError as exc:
             field = "x-sloctl-slo-s" if slo_header is not None else "x-trino-session"
             return bad(str(exc), field)
@@ -250,18 +258,41 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
             return principal
         if not 1 <= limit <= 10_000:
             return bad(f"limit must be in [1, 10000], got {limit}", "limit")
+        if state is not None and state.upper() not in ("QUEUED", "RUNNING", "FINISHED", "FAILED"):
+            return bad(f"state must be QUEUED, RUNNING, FINISHED or FAILED, got {state!r}", "state")
         found = [q for q in list(gateway.queries.values())
                  if may_read(principal, q.user) and (state is None or q.state == state.upper())]
-        return [{"queryId": q.query_id, "state": q.state, "query": q.text or q.sql,
+        live = [{"queryId": q.query_id, "state": q.state, "query": q.text or q.sql,
                  "user": q.user, "queryClass": q.klass, "template": q.template, "outcome": q.outcome,
                  "errorName": q.error.name if q.error is not None else None, "rows": q.rows,
                  "elapsedTimeMillis": int(1000 * ((q.end_s if q.end_s is not None else gateway.now_s())
                                                   - q.submitted_s)),
+                 "submitted": gateway.wall_base + q.submitted_s, "attempts": len(q.attempts),
                  "self": uri(request, f"/v1/query/{q.query_id}")}
                 for q in sorted(found, key=lambda q: q.submitted_s, reverse=True)[:limit]]
+        # the history holds what the gateway no longer does (older queries, queries of an earlier run)
+        mine = None if principal.is_admin else principal.user
+        held = {d["queryId"] for d in live}
+        stored = await run_in_threadpool(gateway.history_rows, user=mine, state=state and state.upper(),
+                                         limit=limit)
+        old = [{"queryId": r["query_id"], "state": r["state"], "query": r.get("sql"), "user": r.get("user"),
+                "queryClass": r.get("class"), "template": r.get("template"), "outcome": r.get("outcome"),
+                "errorName": r.get("error_name"), "rows": r.get("rows"),
+                "elapsedTimeMillis": None if r.get("elapsed_s") is None else int(1000 * r["elapsed_s"]),
+                "submitted": r["submitted_at"].timestamp() if r.get("submitted_at") else None,
+                "attempts": len(r.get("attempts") or []), "self": uri(request, f"/v1/query/{r['query_id']}")}
+               for r in stored if r["query_id"] not in held]
+        return sorted(live + old, key=lambda d: d["submitted"] or 0.0, reverse=True)[:limit]
 
     @app.get("/v1/query/{query_id}")
     async def query_info(query_id: str, request: Request) -> Any:
+        if gateway.get(query_id) is None and gateway.history is not None:  # an earlier run's, or expired here
+            principal = await principal_of(request)
+            if isinstance(principal, Response):
+                return principal
+            row = await run_in_threadpool(gateway.history.get, query_id)
+            if row is not None and may_read(principal, row.get("user") or ""):
+                return {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in row.items()}
         found = await owned(request, query_id)
         if isinstance(found, Response):
             return found
@@ -284,6 +315,51 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
         if isinstance(denied, Response):
             return denied
         return gateway.status()
+
+    @app.get("/v1/gateway/backends")
+    async def backends_list(request: Request) -> Any:
+        denied = await admin(request)
+        if isinstance(denied, Response):
+            return denied
+        return gateway.backends_view()
+
+    @app.post("/v1/gateway/backends")
+    async def backends_add(request: Request) -> Any:
+        """Add a backend (``{name, kind, size, url, group, options}``) or re-activate a drained one."""
+        denied = await admin(request)
+        if isinstance(denied, Response):
+            return denied
+        body = await _read_body(request, 64 * 1024)
+        try:
+            doc = json.loads(body or b"")
+        except ValueError:
+            return bad("The body must be a JSON backend entry {name, kind, size, url, group}.", "body")
+        try:
+            spec = backend_from_doc(doc, "backend")
+            return await run_in_threadpool(gateway.add_backend, spec)
+        except (ValueError, ClusterPoolError) as exc:
+            return bad(str(exc), "body", 409 if "new or drained" in str(exc) else 400)
+
+    @app.post("/v1/gateway/backends/{name}/drain")
+    async def backends_drain(name: str, request: Request) -> Any:
+        denied = await admin(request)
+        if isinstance(denied, Response):
+            return denied
+        try:
+            return gateway.drain_backend(name)
+        except KeyError:
+            return bad(f"unknown backend {name!r}", "name", 404)
+
+    @app.delete("/v1/gateway/backends/{name}")
+    async def backends_remove(name: str, request: Request) -> Any:
+        """Drain ``name`` and forget it once nothing runs there (``state``: ``draining`` until then)."""
+        denied = await admin(request)
+        if isinstance(denied, Response):
+            return denied
+        try:
+            return gateway.drain_backend(name, remove=True)
+        except KeyError:
+            return bad(f"unknown backend {name!r}", "name", 404)
 
     @app.get("/metrics")
     async def metrics(request: Request) -> Any:

@@ -49,6 +49,7 @@ import contextlib
 import itertools
 import json
 import math
+import queue
 import re
 import threading
 import time
@@ -68,10 +69,10 @@ from sloctl.control.slo_gate import SloGate, predicted_to_meet
 from sloctl.core.config import RouterSection
 from sloctl.core.errors import ClusterPoolError
 from sloctl.core.kinds import RouterKind
-from sloctl.datasets.duckdb_pool import DuckDBClusterPool
 from sloctl.datasets.plan_features import sql_hash
 from sloctl.datasets.pool import CANCELLED, QueryCompletion, QueryRequest, RawPage
 from sloctl.serving.controller import LATENCY, Controller, ModelSlot, PoolBackend
+from sloctl.serving.gateway.backends import BackendSpec, build_pool, engine_pool, postgres_text
 from sloctl.serving.gateway.dialect import Catalog, Session, plan
 from sloctl.serving.gateway.log import AttemptLog
 from sloctl.serving.gateway.policy import GatewayPolicy
@@ -196,6 +197,19 @@ class GatewayOptions:
             before they are cancelled.
         catalog: the Trino catalog name of the warehouse (``None``: the
             database file's stem, non-word characters as ``_``).
+        backends: the clusters as backends of any kind
+            (:class:`~sloctl.serving.gateway.backends.BackendSpec`: ``duckdb``
+            workers, ``trino`` coordinators, ``postgresql`` servers, each in a
+            routing group); when given, ``cluster_sizes`` is not used. Empty:
+            DuckDB workers ``c0``, ``c1``, ... of ``cluster_sizes``.
+        history_url: the query history's database (an SQLAlchemy URL:
+            ``sqlite:///PATH`` or ``postgresql://...``; :mod:`~sloctl.serving.gateway.history`).
+            ``None``: ``<log_dir>/history.sqlite`` when there is a ``log_dir``, else no history.
+        history_retention_hours: how long the history keeps a query.
+        health_interval_s: how often each ``trino`` and ``postgresql``
+            backend's health check runs; one that fails leaves routing (its
+            running attempts are retried elsewhere within their class's
+            budget) and comes back when it answers again.
         scratch_memory_limit: the ``memory`` catalog: one scratch worker per
             gateway whose in-memory database clients may write (``CREATE
             TABLE memory.default.t AS ...``), bounded by this DuckDB size,
@@ -232,6 +246,10 @@ class GatewayOptions:
     drain_grace_s: float = 30.0
     catalog: str | None = None
     scratch_memory_limit: str | None = "256MB"
+    backends: tuple[BackendSpec, ...] = ()
+    health_interval_s: float = 2.0
+    history_url: str | None = None
+    history_retention_hours: float = 24.0
 
     def validate(self) -> None:
         if self.router not in ROUTERS:
@@ -251,7 +269,15 @@ class GatewayOptions:
         for name in ("page_rows", "max_query_length", "buffer_pages"):
             if getattr(self, name) < 1:
                 raise ValueError(f"The '{name}' option of the gateway must be >= 1, got {getattr(self, name)!r}.")
-        for name in ("max_wait_s", "result_ttl_s", "explain_timeout_s", "drain_grace_s"):
+        seen: set[str] = set()
+        for i, spec in enumerate(self.backends):
+            spec.validate(f"backends[{i}]")
+            if spec.name in seen:
+                raise ValueError(f"The 'backends[{i}].name' option of the gateway must be unique, got {spec.name!r} "
+                                 f"twice.")
+            seen.add(spec.name)
+        for name in ("max_wait_s", "result_ttl_s", "explain_timeout_s", "drain_grace_s", "health_interval_s",
+                     "history_retention_hours"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"The '{name}' option of the gateway must be > 0, got {getattr(self, name)!r}.")
         bad = {t: s for t, s in self.slo_table.items() if not (isinstance(s, int | float) and s > 0)}
@@ -296,6 +322,10 @@ class GatewayQuery:
     pages_received: int = 0
     streaming_attempt: int | None = None  # the attempt whose pages the client gets (no retry once one arrived)
     headers: tuple[tuple[str, str], ...] = ()  # Trino session changes the answer carries (X-Trino-Set-Session, ...)
+    forward: Mapping[str, str] | None = None  # the client's X-Trino-* headers, for a trino backend
+    group: str | None = None  # the routing group its attempts run in (None: any backend)
+    trino_types: bool = False  # its columns' types are Trino's own (a trino backend answered), not DuckDB's
+    pg_sql: str | None = None  # its text for a postgresql backend (translated once, on first use)
     slug: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     done: threading.Event = field(default_factory=threading.Event)
     changed: threading.Event = field(default_factory=threading.Event)
@@ -376,6 +406,14 @@ class Gateway:
         self.attempt_latency = Histogram(ATTEMPT_BUCKETS_S)  # seconds, every attempt that ended
         self._stamp = time.strftime("%Y%m%d_%H%M%S", time.gmtime())
         self.log = AttemptLog(self.db_path, opts.log_dir, self._stamp, explain=self._explain)
+        self.history = None
+        if opts.history_url is not None or opts.log_dir is not None:
+            from sloctl.serving.gateway.history import QueryHistory
+
+            self.history = QueryHistory(opts.history_url, retention_hours=opts.history_retention_hours,
+                                        path_default=None if opts.log_dir is None
+                                        else Path(opts.log_dir) / "history.sqlite")
+        self._history_queue: queue.Queue = queue.Queue(maxsize=100_000)
         self._stop = threading.Event()
         self.dispatch_errors: deque[str] = deque(maxlen=20)
         self._looked_s = -math.inf  # when deferred queries were last asked about
@@ -390,11 +428,18 @@ class Gateway:
         self.catalog = Catalog(opts.catalog or re.sub(r"\W", "_", self.db_path.name.split(".duckdb")[0]).lower(),
                                scratch=opts.scratch_memory_limit is not None)
         self.scratch_attempts: dict[int, GatewayQuery] = {}  # attempts on the memory catalog's worker
-        self.pool = DuckDBClusterPool(self.db_path, integer_division=True, **pool_options)
+        specs = opts.backends or tuple(BackendSpec(f"c{i}", "duckdb", size)
+                                       for i, size in enumerate(opts.cluster_sizes))
+        #: every backend by name: what it is (BackendSpec) and where it stands (active, unhealthy, draining, drained)
+        self.backends: dict[str, BackendSpec] = {spec.name: spec for spec in specs}
+        self.backend_state: dict[str, str] = {spec.name: "active" for spec in specs}
+        self.backend_health: dict[str, dict[str, Any]] = {}
+        self.health_rounds = 0  # health-check rounds run so far (an event says in which one a backend left)
+        self.pool = build_pool(self.db_path, specs, pool_options)
         try:
-            ids = [f"c{i}" for i in range(len(opts.cluster_sizes))]
-            for cid, size in zip(ids, opts.cluster_sizes, strict=True):
-                self.pool.spin_up(size, cluster_id=cid)
+            ids = [spec.name for spec in specs]
+            for spec in specs:
+                self.pool.spin_up(spec.size, cluster_id=spec.name)
             if opts.scratch_memory_limit is not None:
                 self.pool.spin_up(1, cluster_id=SCRATCH, scratch_catalog=self.catalog.name,
                                   memory_limit=opts.scratch_memory_limit)
@@ -404,13 +449,14 @@ class Gateway:
             self.pool.close()
             raise
         self.base = time.monotonic()
+        self.wall_base = time.time()  # the gateway clock's zero on the wall clock (the history's timestamps)
         self.load_based = LeastQueuedRouter(self.running_on)
         self.autoscaler_note = "off" if self.autoscaler is None and opts.autoscaler is None else "given"
         self.managed = ManagedPool(None, price_per_unit_s=opts.router_cfg.price_per_unit_s,
                                    minimum_s=opts.router_cfg.minimum_s, backend=PoolBackend(self.pool, len(ids)),
                                    clamp_late_events=True)
-        for cid, size in zip(ids, opts.cluster_sizes, strict=True):
-            self.managed.add_cluster(cid, size)
+        for spec in specs:
+            self.managed.add_cluster(spec.name, spec.size)
         self.router = GatewayRouter(None, None, self.load_based)
         self.managed.router = self.router
         self.control = Controller(self.managed, opts.router_cfg, templates=self.templates, given=self.predictor)
@@ -432,6 +478,10 @@ class Gateway:
             self._threads.append(threading.Thread(target=self._flusher, daemon=True, name="sloctl-gateway-log"))
         if opts.watch_interval_s is not None and self.slots:
             self._threads.append(threading.Thread(target=self._watch, daemon=True, name="sloctl-gateway-watch"))
+        self._threads.append(threading.Thread(target=self._health, daemon=True, name="sloctl-gateway-health"))
+        if self.history is not None:
+            self._threads.append(threading.Thread(target=self._history_writer, daemon=True,
+                                                  name="sloctl-gateway-history"))
         for thread in self._threads:
             thread.start()
         return self
@@ -458,6 +508,9 @@ class Gateway:
                                                                 "error", "gateway shut down"), retry=False)
         # the rows of attempts cut by the shutdown too; never raises (a failure is printed and counted)
         self.log.flush(self._table(), router=self.router_kind(), final=True)
+        if self.history is not None:
+            self._write_history()  # what the writer had not written yet, then close the store
+            self.history.close()
         self.started = False
 
     def drain(self, grace_s: float | None = None) -> dict[str, int]:
@@ -613,7 +666,8 @@ class Gateway:
     # -- the entry point -------------------------------------------------------------
     def submit(self, sql: str, *, user: str = "", tags: list[str] | None = None, source: str | None = None,
                session: Mapping[str, str] | None = None, slo_s: float | None = None,
-               trino: Session | None = None) -> GatewayQuery:
+               trino: Session | None = None, forward: Mapping[str, str] | None = None,
+               group: str | None = None) -> GatewayQuery:
         """Translate, then admit (place, defer or shed) one client query; returns at once.
 
         The text is planned first (:func:`~sloctl.serving.gateway.dialect.plan`
@@ -623,6 +677,10 @@ class Gateway:
         SESSION``, ``USE``, ``PREPARE``, ``SHOW CATALOGS``, ...) come back
         finished with their answer and the session change in
         :attr:`GatewayQuery.headers`.
+
+        ``forward`` holds the client's ``X-Trino-*`` headers, sent on with
+        the text to a ``trino`` backend; ``group`` a routing group the client
+        asked for (``X-Trino-Routing-Group``), else its class's.
 
         Raises:
             ValueError: a bad session property (``slo_s`` not a number > 0), or
@@ -651,12 +709,19 @@ class Gateway:
             qid = f"{self._stamp}_{next(self._query_ids):05d}_sloctl"
             q = GatewayQuery(qid, verdict.sql or sql, template, digest, klass,
                              float("nan") if slo_s is None else float(slo_s), now, user=user, polled_s=now,
-                             names=verdict.names, headers=verdict.headers, text=sql)
+                             names=verdict.names, headers=verdict.headers, text=sql,
+                             forward=dict(forward) if forward else None,
+                             group=group or self.policy.klass(klass).group)
             self.queries[qid] = q
             self.counts["submitted"] += 1
+            self._remember(q, submitted=True)
             if self.draining:
                 self._finish(q, now, error("SERVER_SHUTTING_DOWN", "The sloctl gateway is shutting down: it takes "
                                            "no new queries."), "refused")
+            elif q.group is not None and q.group not in self.groups() and verdict.kind == "query":
+                self.counts["refused"] += 1
+                self._finish(q, now, error("NO_NODES_AVAILABLE", f"Routing group {q.group!r} has no backend "
+                                           f"(groups: {', '.join(sorted(self.groups()))})."), "refused")
             elif verdict.kind == "refused":
                 self.counts["refused"] += 1
                 self._finish(q, now, error(verdict.error_name, verdict.message), "refused")
@@ -750,9 +815,17 @@ class Gateway:
         if not self.managed.routable(now):
             self._finish(q, now, error("NO_NODES_AVAILABLE", "The sloctl gateway has no ready cluster."), "failed")
             return
+        barred = self._barred(q)
+        open_ids = {c.cluster_id for c in self.managed.routable(now)} - barred
+        if not open_ids:
+            where = f"in routing group {q.group!r}" if q.group is not None else "that takes queries"
+            self._finish(q, now, error("NO_NODES_AVAILABLE", f"The sloctl gateway has no ready backend {where} "
+                                       f"(unhealthy, draining or drained: {sorted(barred) or 'none'})."), "failed")
+            return
         attempt_id = next(self._attempt_ids)
         query = Query(attempt_id, q.template, now, self._router_slo(q, now))
-        self.router.exclude = exclude
+        # a retry avoids the cluster that failed unless it is the only one left; barred backends never run it
+        self.router.exclude = barred | exclude if open_ids - exclude else barred
         try:
             if self.managed.autoscaler is not None:
                 self.managed.scale(query, now)
@@ -769,17 +842,33 @@ class Gateway:
         self.attempts[attempt_id] = (q, cid)
         q.state = "RUNNING"
         q.changed.set()
+        kind = self.kind_of(cid)
+        sql, headers = q.sql, None
+        if kind == "trino":  # forwarded as the client sent it, in the client's session
+            sql, headers = q.text, q.forward
+        elif kind == "postgresql":
+            try:
+                if q.pg_sql is None:
+                    q.pg_sql = postgres_text(q.text)
+                sql = q.pg_sql
+            except ValueError as exc:  # the query's own fault: no backend of this kind can run it
+                t = time.monotonic()
+                self._attempt_ended(attempt_id, QueryCompletion(
+                    attempt_id, cid, t, t, "error", f"NotImplementedException: not runnable on PostgreSQL: {exc}"))
+                return
         try:
             self.pool.submit(cid, QueryRequest(
-                attempt_id, q.sql, timeout_s=timeout, stream=True, page_rows=self.options.page_rows,
-                buffer_pages=self.options.buffer_pages, stream_timeout_s=max(timeout, left),
-                raw_pages=True, on_page=lambda columns, rows, q=q, a=attempt_id: self._add_page(q, a, columns, rows)))
+                attempt_id, sql, timeout_s=timeout, stream=True, page_rows=self.options.page_rows,
+                buffer_pages=self.options.buffer_pages, stream_timeout_s=max(timeout, left), headers=headers,
+                raw_pages=True, on_page=lambda columns, rows, q=q, a=attempt_id, k=kind: self._add_page(
+                    q, a, columns, rows, trino_types=k == "trino")))
         except ClusterPoolError as exc:  # the cluster went away between the decision and the hand-over
             t = time.monotonic()
             self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, t, t, "error", f"cluster gone: {exc}"))
 
     # -- result pages --------------------------------------------------------------------
-    def _add_page(self, q: GatewayQuery, attempt_id: int | None, columns: Any, rows: RawPage | list[list[Any]]) -> None:
+    def _add_page(self, q: GatewayQuery, attempt_id: int | None, columns: Any, rows: RawPage | list[list[Any]], *,
+                  trino_types: bool = False) -> None:
         """A page of ``q``'s result arrived (from the pool's reader thread: only the query's own lock is taken).
 
         The first page commits the query to its attempt: rows the client may
@@ -791,7 +880,9 @@ class Gateway:
             elif q.streaming_attempt != attempt_id:
                 return  # a page of an attempt the query moved away from
             if q.columns is None and columns is not None:
-                q.columns = trino_names(q.names, [(str(n), str(t)) for n, t in columns])
+                q.trino_types = trino_types
+                q.columns = [(str(n), str(t)) for n, t in columns] if trino_types else trino_names(
+                    q.names, [(str(n), str(t)) for n, t in columns])
             page = rows if isinstance(rows, RawPage) else RawPage(_rows_json(rows), len(rows))
             if page.count:
                 q.pages[q.pages_received] = page
@@ -852,6 +943,8 @@ class Gateway:
             now = self.now_s()
             ready = len(self.managed.routable(now))
             self._check_clusters(now)
+            if any(state == "draining" for state in self.backend_state.values()):
+                self._settle_drains()
             # deferred queries are asked again when a query ended or a cluster became ready, else every 0.1 s
             # (each look is a model inference per waiting class)
             changed = bool(done) or len(self.managed.routable(now)) != ready
@@ -876,10 +969,23 @@ class Gateway:
         never plans or runs client SQL itself. Never takes :attr:`lock`.
         """
         ready = [info.cluster_id for info in self.pool.clusters()
-                 if info.state == "ready" and info.cluster_id != SCRATCH]
-        if not ready:
-            raise ClusterPoolError("no ready cluster to plan the query on")
-        return self.pool.explain(ready[0], sql, timeout_s=self.options.explain_timeout_s)
+                 if info.state == "ready" and info.cluster_id != SCRATCH and self.kind_of(info.cluster_id) == "duckdb"]
+        if ready:
+            return self.pool.explain(ready[0], sql, timeout_s=self.options.explain_timeout_s)
+        scratch = next((i for i in self.pool.clusters() if i.cluster_id == SCRATCH and i.state == "ready"), None)
+        if scratch is None:
+            raise ClusterPoolError("no ready DuckDB cluster to plan the query on")
+        # engine backends only: the memory catalog's worker plans it, the warehouse's tables named by its catalog
+        import sqlglot
+        from sqlglot import exp
+
+        tree = sqlglot.parse_one(sql, read="duckdb")
+        for table in tree.find_all(exp.Table):
+            if not table.catalog:
+                table.set("catalog", exp.to_identifier(self.catalog.name))
+                if not table.db:
+                    table.set("db", exp.to_identifier("main"))
+        return self.pool.explain(SCRATCH, tree.sql(dialect="duckdb"), timeout_s=self.options.explain_timeout_s)
 
     def _refresh_ready(self, now: float) -> None:
         starting = self.managed.starting()
@@ -912,11 +1018,21 @@ class Gateway:
             info = infos.get(cid)
             if cluster.torn_down or info is None or info.state not in ("stopped", "failed"):
                 continue
+            engine = self.kind_of(cid) != "duckdb"
+            if engine and self.backend_state.get(cid) in ("unhealthy", "drained"):
+                continue  # already out of routing; the health check brings it back
             t = time.monotonic()
+            if engine:  # a server the gateway does not start: out of routing until its health check passes
+                self.backend_state[cid] = "unhealthy"
+                self.managed.events.append({"t": now, "event": "unhealthy", "cluster_id": cid,
+                                            "why": getattr(info, "failure", "") or info.state,
+                                            "round": self.health_rounds})
             for attempt_id, (_, on) in list(self.attempts.items()):
                 if on == cid:
                     self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, t, t, "error",
                                                                     f"cluster {cid} stopped while the query ran"))
+            if engine:
+                continue
             self.managed.apply([ScalingAction("tear_down", cluster_id=cid)], now)
             if self.options.restart_workers and not self._stop.is_set() and not self.draining:
                 before = set(self.managed.clusters)
@@ -949,14 +1065,21 @@ class Gateway:
         now = self.now_s()
         if q.done.is_set():  # cancelled, abandoned or shut down while it ran
             return
+        kind = self.kind_of(cid)
         if done.status == "ok":
             if q.columns is None and done.columns is not None:
-                q.columns = trino_names(q.names, [(str(n), str(t)) for n, t in done.columns])
+                q.trino_types = kind == "trino"
+                q.columns = [(str(n), str(t)) for n, t in done.columns] if q.trino_types else trino_names(
+                    q.names, [(str(n), str(t)) for n, t in done.columns])
             if done.data:  # a pool that sends the result whole (not streamed)
                 self._add_page(q, attempt_id, done.columns, list(done.data))
             self._finish(q, end, None, q.outcome)
             return
         err = _query_error(done.error) if done.status == "error" else None
+        if done.status == "error" and done.trino_error and done.trino_error.get("errorType") == "USER_ERROR":
+            e = done.trino_error  # a Trino backend's own verdict on the query: the client gets it as it was
+            err = TrinoError(str(e.get("errorName", "GENERIC_USER_ERROR")), int(e.get("errorCode", 0)), "USER_ERROR",
+                             str(e.get("message", done.error)))
         run_time = self.policy.run_time_s(q.klass)
         k = self.policy.klass(q.klass).retries if self.options.retries else 0
         streamed = q.streaming_attempt is not None  # rows may have reached the client: no retry
@@ -996,6 +1119,7 @@ class Gateway:
         self.counts["finished" if err is None else "failed"] += 1
         key = (q.klass, q.state, err.name if err is not None else (outcome or ""))
         self.outcomes[key] = self.outcomes.get(key, 0) + 1
+        self._remember(q)
         q.done.set()
         q.changed.set()
 
@@ -1055,6 +1179,196 @@ class Gateway:
         for attempt_id, cid in running:  # the worker answers with a completion; nothing here waits for it
             with contextlib.suppress(ClusterPoolError):
                 self.pool.cancel(cid, attempt_id)
+
+    # -- the query history ----------------------------------------------------------------
+    def _remember(self, q: GatewayQuery, *, submitted: bool = False) -> None:
+        """Queue ``q``'s history row (its text and client at submission; state, error and attempts at the end)."""
+        if self.history is None:
+            return
+        doc: dict[str, Any] = {"query_id": q.query_id, "state": q.state, "outcome": q.outcome,
+                               "routing_group": q.group}
+        if submitted:
+            doc.update(user=q.user, sql=q.text or q.sql, template=q.template, **{"class": q.klass},
+                       submitted_at=self.wall_base + q.submitted_s,
+                       slo_s=q.slo_s if math.isfinite(q.slo_s) else None)
+        if q.end_s is not None:
+            doc.update(ended_at=self.wall_base + q.end_s, elapsed_s=q.end_s - q.submitted_s, rows=q.rows,
+                       error_name=None if q.error is None else q.error.name,
+                       error_message=None if q.error is None else q.error.message,
+                       attempts=[{**a, "backend_kind": self.kind_of(a["cluster_id"])} for a in q.attempts])
+        with contextlib.suppress(queue.Full):  # a history that cannot keep up loses rows, never queries
+            self._history_queue.put_nowait(doc)
+
+    def _history_writer(self) -> None:
+        pruned_s = -math.inf
+        while not self._stop.wait(0.2):
+            self._write_history()
+            if time.monotonic() - pruned_s > 60.0:
+                pruned_s = time.monotonic()
+                with contextlib.suppress(Exception):
+                    self.history.prune()
+
+    def _write_history(self) -> None:
+        while True:
+            try:
+                doc = self._history_queue.get_nowait()
+            except queue.Empty:
+                return
+            self.history.record_query(doc, safe=True)
+
+    def history_rows(self, *, user: str | None = None, state: str | None = None, limit: int = 100
+                     ) -> list[dict[str, Any]]:
+        """Queries of the history (newest first, each with its attempts); empty without a history."""
+        if self.history is None:
+            return []
+        self._write_history()
+        return self.history.list_queries(user=user, state=state, limit=limit)
+
+    # -- backends ---------------------------------------------------------------------
+    def kind_of(self, cluster_id: str) -> str:
+        """``duckdb``, ``trino`` or ``postgresql``: the engine behind a cluster (spin-ups are DuckDB workers)."""
+        spec = self.backends.get(cluster_id)
+        return "duckdb" if spec is None else spec.kind
+
+    def _barred(self, q: GatewayQuery) -> frozenset[str]:
+        """Clusters ``q`` may not run on: backends out of routing, and those outside its routing group."""
+        out = {name for name, state in self.backend_state.items() if state != "active"}
+        if q.group is not None:
+            out |= {cid for cid in self.managed.clusters
+                    if (self.backends[cid].group if cid in self.backends else "default") != q.group}
+        return frozenset(out)
+
+    def groups(self) -> set[str]:
+        """The routing groups of the backends (``default`` holds the autoscaler's spin-ups)."""
+        return {spec.group for spec in self.backends.values()} | {"default"}
+
+    def _health(self) -> None:
+        """Every ``health_interval_s``: check each engine backend; take failing ones out, bring answering ones back."""
+        while not self._stop.wait(self.options.health_interval_s):
+            with contextlib.suppress(Exception):  # the checker must not die
+                self.check_backends()
+
+    def check_backends(self) -> dict[str, dict[str, Any]]:
+        """One round of health checks (engine backends; DuckDB workers report through their pool)."""
+        with self.lock:
+            self.health_rounds += 1
+            names = [n for n, spec in self.backends.items()
+                     if spec.kind != "duckdb" and self.backend_state.get(n) in ("active", "unhealthy")]
+        out = {}
+        for name in names:  # network calls: outside the lock
+            try:
+                health = dict(self.pool.health(name))
+            except Exception as exc:  # a check that cannot run is a failed check
+                health = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            health["checked_s"] = self.now_s()
+            out[name] = health
+            with self.lock:
+                self.backend_health[name] = health
+                state = self.backend_state.get(name)
+                now = self.now_s()
+                if state == "active" and not health.get("ok"):
+                    self.backend_state[name] = "unhealthy"
+                    self.managed.events.append({"t": now, "event": "unhealthy", "cluster_id": name,
+                                                "why": health.get("error", ""), "round": self.health_rounds})
+                    t = time.monotonic()
+                    for attempt_id, (_, on) in list(self.attempts.items()):  # retried elsewhere within their budget
+                        if on == name:
+                            with contextlib.suppress(ClusterPoolError):
+                                self.pool.cancel(name, attempt_id)
+                            self._attempt_ended(attempt_id, QueryCompletion(
+                                attempt_id, name, t, t, "error", f"backend {name} stopped: failed its health check"))
+                elif state == "unhealthy" and health.get("ok"):
+                    self._reattach(name, now)
+        return out
+
+    def _reattach(self, name: str, now: float) -> None:
+        """An unhealthy engine backend answered again: attach it anew and route to it once ready (lock held)."""
+        spec = self.backends[name]
+        info = next((i for i in self.pool.clusters() if i.cluster_id == name), None)
+        if info is None or info.state != "ready":
+            with contextlib.suppress(ClusterPoolError):
+                if info is not None and info.state != "stopped":
+                    self.pool.tear_down(name)
+            try:
+                self.pool.spin_up(spec.size, cluster_id=name)
+            except ClusterPoolError as exc:
+                self.backend_health[name] = {**self.backend_health.get(name, {}), "ok": False, "error": str(exc)}
+                return
+            self.managed.clusters[name].ready_s = None  # routable again once the pool says ready
+        self.backend_state[name] = "active"
+        self.managed.events.append({"t": now, "event": "healthy", "cluster_id": name})
+
+    def backends_view(self) -> list[dict[str, Any]]:
+        """What ``GET /v1/gateway/backends`` answers: each backend, its state, health and running attempts."""
+        with self.lock:
+            return [{**spec.public(), "state": self.backend_state.get(name, "active"),
+                     "running": self.running_on(name), "health": self.backend_health.get(name)}
+                    for name, spec in self.backends.items()]
+
+    def add_backend(self, spec: BackendSpec) -> dict[str, Any]:
+        """Add (or re-activate) a backend at run time; it takes queries once it is ready.
+
+        Raises:
+            ValueError: a bad entry, or a name in use by another backend that is not drained.
+        """
+        spec.validate("backend")
+        with self.lock:
+            old = self.backends.get(spec.name)
+            if old is not None and self.backend_state.get(spec.name) != "drained":
+                raise ValueError(f"The 'name' field must name a new or drained backend, got {spec.name!r} "
+                                 f"({self.backend_state.get(spec.name)}).")
+            if spec.name in self.managed.clusters and old is None:
+                raise ValueError(f"The 'name' field must not be a cluster the gateway started, got {spec.name!r}.")
+            if old is not None and old.kind != "duckdb" and spec.name in self.pool.pools:
+                self.pool.remove(spec.name)
+            if spec.kind == "duckdb":
+                self.pool.own(spec.name, "duckdb")
+            else:
+                self.pool.add(spec.name, engine_pool(spec), (spec.name,))
+            self.backends[spec.name] = spec
+            self.pool.spin_up(spec.size, cluster_id=spec.name)
+            self.backend_state[spec.name] = "active"
+            self.managed.add_cluster(spec.name, spec.size, spun_up_s=self.now_s(), ready_s=None)
+            self.managed.events.append({"t": self.now_s(), "event": "backend_added", "cluster_id": spec.name})
+        return next(b for b in self.backends_view() if b["name"] == spec.name)
+
+    def drain_backend(self, name: str, *, remove: bool = False) -> dict[str, Any]:
+        """Stop placing queries on ``name``; once its running attempts end it is drained (``remove``: forgotten).
+
+        Raises:
+            KeyError: no such backend.
+        """
+        with self.lock:
+            if name not in self.backends:
+                raise KeyError(name)
+            if self.backend_state[name] != "drained":
+                self.backend_state[name] = "draining"
+            self._removing = getattr(self, "_removing", set())
+            if remove:
+                self._removing.add(name)
+            self.managed.events.append({"t": self.now_s(), "event": "drain", "cluster_id": name, "remove": remove})
+            self._settle_drains()
+        views = [b for b in self.backends_view() if b["name"] == name]
+        return views[0] if views else {"name": name, "state": "removed"}
+
+    def _settle_drains(self) -> None:
+        """Draining backends with nothing running: stop them; those asked to be removed leave the list (lock held)."""
+        removing = getattr(self, "_removing", set())
+        for name in [n for n, state in self.backend_state.items() if state == "draining" and not self.running_on(n)]:
+            self.backend_state[name] = "drained"
+            cluster = self.managed.clusters.get(name)
+            if cluster is not None and not cluster.torn_down:  # stops it (a DuckDB worker) or lets it go; billed so far
+                with contextlib.suppress(ClusterPoolError):
+                    self.managed.apply([ScalingAction("tear_down", cluster_id=name)], self.now_s())
+            if self.kind_of(name) != "duckdb":
+                with contextlib.suppress(ClusterPoolError):
+                    self.pool.remove(name)
+            self.managed.events.append({"t": self.now_s(), "event": "drained", "cluster_id": name})
+        for name in [n for n in removing if self.backend_state.get(n) == "drained"]:
+            removing.discard(name)
+            del self.backends[name]
+            del self.backend_state[name]
+            self.backend_health.pop(name, None)
 
     def running_on(self, cluster_id: str) -> int:
         return self.managed.clusters[cluster_id].running if cluster_id in self.managed.clusters else 0

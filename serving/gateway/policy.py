@@ -48,6 +48,9 @@ class ClassPolicy:
         max_run_time_s: the longest a query may take from submission through every
             attempt (Trino's ``query.max-run-time``; ``None``: the policy's); past
             it the query fails with ``EXCEEDED_TIME_LIMIT`` and is not retried.
+        group: the routing group whose backends run this class's queries
+            (:mod:`sloctl.serving.gateway.backends`; ``None``: every backend).
+            A client's ``X-Trino-Routing-Group`` header names another.
     """
 
     name: str
@@ -60,6 +63,7 @@ class ClassPolicy:
     slo_s: float | None = None
     attempt_timeout_s: float | None = None
     max_run_time_s: float | None = None
+    group: str | None = None
 
     def validate(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
@@ -81,6 +85,9 @@ class ClassPolicy:
         if not (isinstance(self.max_defer_s, int | float) and math.isfinite(self.max_defer_s)
                 and self.max_defer_s >= 0):
             raise bad("max_defer_s", "a number of seconds >= 0")
+        if self.group is not None and not (isinstance(self.group, str)
+                                           and re.fullmatch(r"[A-Za-z][A-Za-z0-9_.-]{0,62}", self.group)):
+            raise bad("group", "a routing group name (a letter, then letters, digits or '_.-') or null")
         for name in ("slo_s", "attempt_timeout_s", "max_run_time_s"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and math.isfinite(value) and value > 0):

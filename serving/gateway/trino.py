@@ -96,6 +96,58 @@ def column(name: str, duckdb_type: str) -> dict[str, Any]:
     return {"name": name, "type": _trino_name(tree), "typeSignature": _signature_of(tree)}
 
 
+def _split_args(text: str) -> list[str]:
+    """``a, b(c, d), e`` → ``["a", "b(c, d)", "e"]`` (commas inside parentheses or quotes stay)."""
+    out, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(text):
+        if ch == '"':
+            quoted = not quoted
+        elif not quoted and ch == "(":
+            depth += 1
+        elif not quoted and ch == ")":
+            depth -= 1
+        elif not quoted and ch == "," and depth == 0:
+            out.append(text[start:i].strip())
+            start = i + 1
+    out.append(text[start:].strip())
+    return [a for a in out if a]
+
+
+def trino_signature(trino_type: str) -> dict[str, Any]:
+    """``typeSignature`` of a type Trino spelled (``decimal(15,2)``, ``array(varchar)``, ``row(a bigint)``, ...).
+
+    What a Trino coordinator behind the gateway answered is passed on as it
+    is; the client's row mapper reads ``rawType`` and the arguments.
+    """
+    text = trino_type.strip()
+    m = re.match(r"^([a-z][a-z ]*?)\s*\((.*)\)(\s+with time zone)?$", text, re.DOTALL)
+    if m is None:
+        return {"rawType": text, "arguments": []}
+    raw, inner, zone = m.group(1).strip(), m.group(2), m.group(3)
+    raw = raw + (" with time zone" if zone else "")
+    args = _split_args(inner)
+    if raw in ("array", "map"):
+        return {"rawType": raw, "arguments": [{"kind": "TYPE", "value": trino_signature(a)} for a in args]}
+    if raw == "row":
+        fields = []
+        for a in args:
+            named = re.match(r'^("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_]*)\s+(.+)$', a, re.DOTALL)
+            name, kind = (named.group(1).strip('"').replace('""', '"'), named.group(2)) if named else (None, a)
+            value: dict[str, Any] = {"typeSignature": trino_signature(kind)}
+            if name is not None:
+                value["fieldName"] = {"name": name}
+            fields.append({"kind": "NAMED_TYPE", "value": value})
+        return {"rawType": "row", "arguments": fields}
+    if all(re.fullmatch(r"\d+", a) for a in args):
+        return {"rawType": raw, "arguments": [{"kind": "LONG", "value": int(a)} for a in args]}
+    return {"rawType": raw, "arguments": []}
+
+
+def trino_column(name: str, trino_type: str) -> dict[str, Any]:
+    """One entry of ``columns`` for a column whose type a Trino backend named (passed on unchanged)."""
+    return {"name": name, "type": trino_type, "typeSignature": trino_signature(trino_type)}
+
+
 @dataclass(frozen=True)
 class TrinoError:
     """A failure as a Trino client sees it (Trino's standard error names and codes).

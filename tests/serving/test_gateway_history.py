@@ -250,3 +250,43 @@ def test_postgres_round_trip_prune_and_reopen(postgres_url):
         assert again.get("q1")["backend"] == "c1" and again.get("new") is not None
         again.record_query(_submitted("nul", sql="SELECT '\x00'"))  # PostgreSQL refuses NUL in text
         assert again.get("nul")["sql"] == "SELECT '\ufffd'"
+
+
+def test_the_gateways_history_survives_a_restart_and_shows_every_attempt(tpch_db, tmp_path):
+    """A gateway run's queries, read back through ``GET /v1/query`` of the next gateway on the same folder."""
+    pytest.importorskip("trino")
+    import trino
+
+    from sloctl.serving.gateway import Gateway, GatewayOptions
+    from sloctl.serving.gateway.app import create_gateway_app
+    from sloctl.serving.local import LocalServer
+
+    options = GatewayOptions(cluster_sizes=(1,), router="least-queued", log_dir=tmp_path, scratch_memory_limit=None)
+    first = Gateway(tpch_db, options).start()
+    try:
+        with LocalServer(create_gateway_app(first)) as client:
+            cur = trino.dbapi.connect(host="127.0.0.1", port=int(client.base_url.port), user="tester").cursor()
+            cur.execute("SELECT count(*) FROM nation")
+            assert cur.fetchall() == [[25]]
+            ran = cur.query_id
+            with pytest.raises(trino.exceptions.TrinoUserError):
+                cur.execute("SELECT nope FROM nation")
+                cur.fetchall()
+    finally:
+        first.close()
+    second = Gateway(tpch_db, options).start()
+    try:
+        with LocalServer(create_gateway_app(second)) as client:
+            listed = {d["queryId"]: d for d in client.get("/v1/query", headers={"X-Trino-User": "tester"}).json()}
+            assert listed[ran]["state"] == "FINISHED" and listed[ran]["attempts"] == 1
+            (failed,) = [d for d in listed.values() if d["state"] == "FAILED"]
+            assert failed["errorName"] == "COLUMN_NOT_FOUND" and failed["query"] == "SELECT nope FROM nation"
+            doc = client.get(f"/v1/query/{ran}", headers={"X-Trino-User": "tester"}).json()
+            assert doc["sql"] == "SELECT count(*) FROM nation" and doc["user"] == "tester"
+            assert [(a["attempt"], a["cluster_id"], a["status"], a["backend_kind"]) for a in doc["attempts"]] == [
+                (1, "c0", "ok", "duckdb")]
+            assert doc["attempts"][0]["start_s"] <= doc["attempts"][0]["end_s"]
+            # another user sees none of them
+            assert ran not in {d["queryId"] for d in client.get("/v1/query", headers={"X-Trino-User": "x"}).json()}
+    finally:
+        second.close()

@@ -1,0 +1,190 @@
+"""The gateway's backends: which engine runs each cluster, and what it is sent.
+
+A gateway cluster is one of three kinds (``kind`` in a backend entry):
+
+* ``duckdb``: a DuckDB worker process of the gateway's own
+  (:class:`~sloctl.datasets.duckdb_pool.DuckDBClusterPool`, a CPU budget
+  of ``size`` units) running the gateway's DuckDB translation of the
+  client's Trino SQL;
+* ``trino``: a Trino coordinator at ``url``
+  (:class:`~sloctl.datasets.trino_pool.TrinoClusterPool`): the client's text
+  is forwarded as sent, with its ``X-Trino-*`` headers (user, catalog,
+  schema, session, prepared statements), so nothing is translated;
+* ``postgresql``: a PostgreSQL server or read replica at ``url``
+  (:class:`~sloctl.datasets.postgres_pool.PostgresClusterPool`, one
+  connection pool per server): the client's Trino text translated to
+  PostgreSQL by sqlglot, its tables looked up on the server's
+  ``search_path`` (catalog and schema qualifiers dropped).
+
+``size`` is what the router and the bill count the cluster as; for an
+engine the gateway does not start it comes from the config alone. Every
+backend belongs to a routing ``group`` (``default`` unless named): a query
+runs only on backends of its group (:mod:`sloctl.serving.gateway.policy`).
+
+A backend list comes from the gateway's YAML (``backends:``, see
+docs/gateway.md) or from the admin API at run time
+(``POST /v1/gateway/backends``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BACKEND_KINDS", "BackendSpec", "backend_from_doc", "backends_from_doc", "build_pool", "engine_pool",
+           "postgres_text"]
+
+#: The engines a gateway cluster may run on.
+BACKEND_KINDS = ("duckdb", "trino", "postgresql")
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
+_KNOWN = {"name", "kind", "size", "url", "group", "options"}
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One backend of the gateway (see the module docstring).
+
+    Attributes:
+        name: its cluster id (letters, digits, ``_.-``; starts with a letter).
+        kind: ``duckdb``, ``trino`` or ``postgresql``.
+        size: the cluster size the router and the bill count (integer >= 1).
+        url: the engine's address: ``http(s)://host:port`` for ``trino``, a
+            ``postgresql://`` URL for ``postgresql``; none for ``duckdb``.
+        group: its routing group.
+        options: the engine pool's own settings for it (``max_running`` of a
+            Trino backend, ``pool_connections`` of a PostgreSQL one, ...).
+    """
+
+    name: str
+    kind: str
+    size: int = 1
+    url: str | None = None
+    group: str = "default"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def validate(self, where: str = "backend") -> None:
+        """Raise ``ValueError`` naming the field (``where.field``) and the form expected."""
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(f"The '{where}.name' field must be a cluster id (a letter, then letters, digits or "
+                             f"'_.-', at most 63), got {self.name!r}.")
+        if self.name == "scratch" or re.match(r"^auto\d+-s\d+$", self.name):
+            raise ValueError(f"The '{where}.name' field must not be a name the gateway uses itself "
+                             f"('scratch', 'autoN-sM'), got {self.name!r}.")
+        if self.kind not in BACKEND_KINDS:
+            raise ValueError(f"The '{where}.kind' field must be one of {', '.join(BACKEND_KINDS)}, "
+                             f"got {self.kind!r}.")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 1:
+            raise ValueError(f"The '{where}.size' field must be an integer >= 1, got {self.size!r}.")
+        if self.kind == "duckdb" and self.url is not None:
+            raise ValueError(f"The '{where}.url' field must be empty for a duckdb backend (the gateway starts its "
+                             f"worker), got {self.url!r}.")
+        if self.kind == "trino" and not (isinstance(self.url, str) and re.match(r"^https?://[^/\s]+/?$", self.url)):
+            raise ValueError(f"The '{where}.url' field of a trino backend must be http(s)://host:port, "
+                             f"got {self.url!r}.")
+        if self.kind == "postgresql" and not (isinstance(self.url, str)
+                                              and re.match(r"^postgres(ql)?://\S+$", self.url)):
+            raise ValueError(f"The '{where}.url' field of a postgresql backend must be a postgresql:// URL, "
+                             f"got {self.url!r}.")
+        if not isinstance(self.group, str) or not _NAME.match(self.group):
+            raise ValueError(f"The '{where}.group' field must be a group name (a letter, then letters, digits or "
+                             f"'_.-'), got {self.group!r}.")
+        if not isinstance(self.options, Mapping):
+            raise ValueError(f"The '{where}.options' field must be a mapping, got {self.options!r}.")
+
+    def public(self) -> dict[str, Any]:
+        """What the admin API shows: everything but a password in the URL."""
+        url = self.url
+        if url is not None:
+            url = re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+        return {"name": self.name, "kind": self.kind, "size": self.size, "url": url, "group": self.group}
+
+
+def backend_from_doc(doc: Any, where: str = "backend") -> BackendSpec:
+    """One backend entry (``{name, kind, size, url, group, options}``), validated."""
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"The '{where}' entry must be a mapping with name, kind, size and url, got {doc!r}.")
+    unknown = sorted(set(doc) - _KNOWN)
+    if unknown:
+        raise ValueError(f"The '{where}' entry has unknown fields {unknown}; the fields are {sorted(_KNOWN)}.")
+    if "name" not in doc or "kind" not in doc:
+        raise ValueError(f"The '{where}' entry must name its 'name' and 'kind', got {dict(doc)!r}.")
+    spec = BackendSpec(doc["name"], doc["kind"], doc.get("size", 1), doc.get("url"), doc.get("group", "default"),
+                       dict(doc.get("options") or {}))
+    spec.validate(where)
+    return spec
+
+
+def backends_from_doc(doc: Any) -> tuple[BackendSpec, ...]:
+    """The ``backends:`` list of a gateway config, validated (names unique)."""
+    if not isinstance(doc, Sequence) or isinstance(doc, str) or not doc:
+        raise ValueError(f"The 'backends' field must be a non-empty list of backend entries, got {doc!r}.")
+    specs = tuple(backend_from_doc(d, f"backends[{i}]") for i, d in enumerate(doc))
+    seen: set[str] = set()
+    for i, s in enumerate(specs):
+        if s.name in seen:
+            raise ValueError(f"The 'backends[{i}].name' field must be unique, got {s.name!r} twice.")
+        seen.add(s.name)
+    return specs
+
+
+def engine_pool(spec: BackendSpec) -> Any:
+    """The pool that serves one ``trino`` or ``postgresql`` backend (one pool per backend)."""
+    if spec.kind == "trino":
+        from sloctl.datasets.trino_pool import TrinoClusterPool
+
+        return TrinoClusterPool({spec.name: {"url": spec.url.rstrip("/"), "size": spec.size, **spec.options}})
+    if spec.kind == "postgresql":
+        from sloctl.datasets.postgres_pool import PostgresClusterPool
+
+        return PostgresClusterPool({spec.name: {"url": spec.url, "size": spec.size, **spec.options}})
+    raise ValueError(f"The 'kind' of backend {spec.name!r} must be trino or postgresql for an engine pool, "
+                     f"got {spec.kind!r}.")
+
+
+def build_pool(db_path: str | Path, specs: Sequence[BackendSpec], duckdb_options: Mapping[str, Any]) -> Any:
+    """A :class:`~sloctl.datasets.multi_pool.MultiPool`: the DuckDB pool, and one pool per engine backend.
+
+    The DuckDB pool is always there (named ``duckdb``, the default): the
+    ``memory`` catalog's scratch worker and the autoscaler's spin-ups run on
+    it. An engine backend's pool is named after the backend.
+    """
+    from sloctl.datasets.duckdb_pool import DuckDBClusterPool
+    from sloctl.datasets.multi_pool import MultiPool
+
+    multi = MultiPool({"duckdb": DuckDBClusterPool(db_path, integer_division=True, **duckdb_options)},
+                      default="duckdb")
+    try:
+        for spec in specs:
+            if spec.kind == "duckdb":
+                multi.own(spec.name, "duckdb")
+            else:
+                multi.add(spec.name, engine_pool(spec), (spec.name,))
+    except BaseException:
+        multi.close()
+        raise
+    return multi
+
+
+def postgres_text(trino_sql: str) -> str:
+    """A client's Trino statement for a PostgreSQL backend: tables unqualified, then translated by sqlglot.
+
+    Raises:
+        ValueError: the statement cannot be parsed as Trino or written as PostgreSQL.
+    """
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import SqlglotError
+
+    from sloctl.datasets.pg_dialect import trino_to_postgres
+
+    try:
+        tree = sqlglot.parse_one(trino_sql, read="trino")
+    except SqlglotError as exc:
+        raise ValueError(f"The statement cannot be read as Trino SQL: {' '.join(str(exc).split())[:300]}") from exc
+    for table in tree.find_all(exp.Table):  # the server's search_path finds them (catalog and schema are the gateway's)
+        table.set("catalog", None)
+        table.set("db", None)
+    return trino_to_postgres(tree.sql(dialect="trino"))
