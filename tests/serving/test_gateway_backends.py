@@ -397,3 +397,24 @@ def test_a_bad_backends_file_is_one_error_line_naming_the_field(tpch_db, tmp_pat
     proc = run_sloctl("gateway", "--db", tpch_db, "--backends", bad, "--port", "1", timeout_s=120)
     assert proc.returncode == 2 and proc.stderr.startswith("error:"), proc.stderr
     assert "backends[1].kind" in proc.stderr and "duckdb, trino, postgresql" in proc.stderr
+
+
+def test_the_gateway_experiment_runs_on_postgresql_servers_and_its_log_trains_iconq(tpch_db, tmp_path, run_sloctl):
+    import json
+
+    _engine().stop()  # skip here when no server can start
+    logs = tmp_path / "pg-logs"
+    proc = run_sloctl("experiment", "gateway", "--backend", "postgresql", "--db", tpch_db, "--arms",
+                      "random,least-queued", "--queries", "16", "--templates", "tpch-q06,tpch-q01,tpch-q14",
+                      "--log-dir", logs, "--json", timeout_s=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["settings"]["backend"] == "postgresql" and "PostgreSQL" in doc["world"]
+    assert {a["arm"] for a in doc["arms"]} == {"random", "least-queued"}
+    assert all(a["accounted"] and a["overall"]["submitted"] == 16 for a in doc["arms"])
+    trained = run_sloctl("train", "iconq", "--log", logs, "--no-register", "--out", tmp_path / "bundle",
+                         "--max-epochs", "2", "--json", cwd=tmp_path, timeout_s=600)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    assert (tmp_path / "bundle").is_dir()
+    bad = run_sloctl("experiment", "gateway", "--backend", "oracle", "--db", tpch_db)
+    assert bad.returncode == 2 and "--backend" in bad.stderr
