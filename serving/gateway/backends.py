@@ -178,8 +178,12 @@ def postgres_text(trino_sql: str) -> str:
     from sqlglot import exp
     from sqlglot.errors import SqlglotError
 
-    from sloctl.datasets.pg_dialect import trino_to_postgres
+    from sloctl.datasets.pg_dialect import CURSOR_KINDS, statement_kind, trino_to_postgres
 
+    kind = statement_kind(trino_sql)
+    if kind not in (*CURSOR_KINDS, "EXPLAIN"):
+        raise ValueError(f"A {kind or 'statement of this kind'} statement does not run on a PostgreSQL backend "
+                         f"(queries only: {', '.join(CURSOR_KINDS)}, EXPLAIN; prepared statements are not passed on).")
     try:
         tree = sqlglot.parse_one(trino_sql, read="trino")
     except SqlglotError as exc:

@@ -418,3 +418,13 @@ def test_the_gateway_experiment_runs_on_postgresql_servers_and_its_log_trains_ic
     assert (tmp_path / "bundle").is_dir()
     bad = run_sloctl("experiment", "gateway", "--backend", "oracle", "--db", tpch_db)
     assert bad.returncode == 2 and "--backend" in bad.stderr
+
+
+def test_a_prepared_statement_is_refused_by_a_postgresql_backend_with_a_trino_error(pg_gateway):
+    gateway, server, _ = pg_gateway
+    cur = _connect(server).cursor()
+    with pytest.raises(Exception, match="NOT_SUPPORTED"):
+        cur.execute("SELECT count(*) FROM nation WHERE n_regionkey = ?", [1])
+        cur.fetchall()
+    cur.execute("SELECT count(*) FROM nation WHERE n_regionkey = 1")  # the same query as text runs
+    assert cur.fetchall() == [[5]]
