@@ -972,6 +972,14 @@ class Gateway:
                  if info.state == "ready" and info.cluster_id != SCRATCH and self.kind_of(info.cluster_id) == "duckdb"]
         if ready:
             return self.pool.explain(ready[0], sql, timeout_s=self.options.explain_timeout_s)
+        if self._plans_on_postgres():  # the log's text is the client's Trino text: PostgreSQL plans its translation
+            backend = next(i.cluster_id for i in self.pool.clusters()
+                           if i.state == "ready" and self.kind_of(i.cluster_id) == "postgresql")
+            try:
+                translated = postgres_text(sql)
+            except ValueError:
+                return None
+            return self.pool.explain(backend, translated, timeout_s=self.options.explain_timeout_s)
         scratch = next((i for i in self.pool.clusters() if i.cluster_id == SCRATCH and i.state == "ready"), None)
         if scratch is None:
             raise ClusterPoolError("no ready DuckDB cluster to plan the query on")
@@ -1230,6 +1238,16 @@ class Gateway:
         spec = self.backends.get(cluster_id)
         return "duckdb" if spec is None else spec.kind
 
+    def _plans_on_postgres(self) -> bool:
+        """Whether the query log's plan features come from PostgreSQL's plans: backends of that kind, no DuckDB one.
+
+        A gateway with a DuckDB worker plans there (DuckDB's plan); one in
+        front of PostgreSQL servers only asks them (``EXPLAIN (FORMAT JSON)``
+        of the translated text), so the features describe the engine that ran.
+        """
+        kinds = {spec.kind for spec in self.backends.values()}
+        return "postgresql" in kinds and "duckdb" not in kinds
+
     def _barred(self, q: GatewayQuery) -> frozenset[str]:
         """Clusters ``q`` may not run on: backends out of routing, and those outside its routing group."""
         out = {name for name, state in self.backend_state.items() if state != "active"}
@@ -1386,7 +1404,7 @@ class Gateway:
             "slo_s": q.slo_s if math.isfinite(q.slo_s) else float("nan"),
             "oversubscribed": bool(done.oversubscribed), "gateway_query": q.query_id, "query_class": q.klass,
             "attempt": int(q.attempts[-1]["attempt"]), "error": done.error or "", "cancelled": done.error == CANCELLED},
-            q.sql)
+            q.text if self._plans_on_postgres() else q.sql)
 
     @property
     def log_rows(self) -> list[dict[str, Any]]:

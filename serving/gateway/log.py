@@ -40,7 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from sloctl.core.errors import QueryLogError
-from sloctl.datasets.plan_features import ENGINE_PLAN_FEATURES, PLAN_FEATURES, features_from_plan
+from sloctl.datasets.plan_features import (
+    ENGINE_PLAN_FEATURES,
+    PLAN_FEATURES,
+    features_from_plan,
+    features_from_postgres_plan,
+)
 from sloctl.datasets.sql_features import text_features
 
 __all__ = ["ERROR_KINDS", "MANIFEST_NAME", "AttemptLog", "db_source", "file_sha256", "read_manifest"]
@@ -249,12 +254,18 @@ class AttemptLog:
             text = self.explain(sql or "")
             if text is None:  # the query cannot be planned (it failed as an error row): unknown
                 return _nan_features()
-            features = features_from_plan(json.loads(text))
+            plan = json.loads(text)
+            # PostgreSQL's plan (a PostgreSQL-backed gateway plans there): [{"Plan": {...}}]
+            postgres = isinstance(plan, list) and bool(plan) and isinstance(plan[0], dict) and "Plan" in plan[0]
+            features = features_from_postgres_plan(plan) if postgres else features_from_plan(plan)
             if set(features) != set(ENGINE_PLAN_FEATURES) or not all(
                     isinstance(v, float) and math.isfinite(v) for v in features.values()):
                 raise ValueError("the plan gave missing or non-finite features")
             # the text's own counts (parsed here, never run); no catalog: the gateway never opens the database
-            return {**features, **text_features(sql or "", "duckdb")}
+            out = {**features, **text_features(sql or "", "duckdb")}
+            if postgres:
+                out["f_source"] = "plan:postgresql+text"
+            return out
         except Exception as exc:  # noqa: BLE001  (whatever the sandbox answers, the log goes on)
             self._error("featurize", f"plan features of text {key} are NaN: {type(exc).__name__}: {_one_line(exc)}")
             return _nan_features()

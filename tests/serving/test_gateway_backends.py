@@ -353,10 +353,10 @@ def test_the_query_log_of_a_postgresql_backed_run_has_plan_features_and_backends
     assert (frame["status"] == "ok").any() and frame["arrival_s"].le(frame["start_s"] + 1e-9).all()
     from sloctl.datasets.plan_features import ENGINE_PLAN_FEATURES
 
-    # the memory catalog's DuckDB worker planned the text (the backends are PostgreSQL): Iconq+ reads these
+    # the backends are PostgreSQL only: their own plans (EXPLAIN (FORMAT JSON) of the translation) give the features
     planned = frame[frame["template"].str.startswith("sql-") & (frame["status"] == "ok")]
     assert len(planned) and planned[list(ENGINE_PLAN_FEATURES)].notna().all(axis=None)
-    assert (planned["f_nodes"] > 0).all()
+    assert (planned["f_nodes"] > 0).all() and (planned["f_source"] == "plan:postgresql+text").all()
 
 
 def test_the_cli_lists_adds_drains_and_removes_backends_and_prints_the_history(pg_gateway, pg_servers, run_sloctl,
