@@ -15,7 +15,6 @@ import datetime
 import decimal
 import math
 import threading
-import time
 
 import pytest
 
