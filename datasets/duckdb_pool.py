@@ -57,7 +57,7 @@ from typing import Any
 
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.cpu_budget import DEFAULT_PERIOD_S, CpuBudget, CpuBudgets, find_cgroup_root
-from sloctl.datasets.pool import ClusterInfo, QueryCompletion, QueryRequest, RawPage
+from sloctl.datasets.pool import ClusterInfo, QueryCompletion, QueryRequest, RawPage, drain
 
 __all__ = ["DuckDBClusterPool"]
 
@@ -452,16 +452,7 @@ class DuckDBClusterPool:
 
     def completions(self, timeout_s: float | None = None) -> list[QueryCompletion]:
         """Completions since the last call, waiting up to ``timeout_s`` for the first."""
-        out: list[QueryCompletion] = []
-        try:
-            out.append(self._completions.get(timeout=timeout_s))
-        except queue.Empty:
-            return out
-        while True:
-            try:
-                out.append(self._completions.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._completions, timeout_s)
 
     def tear_down(self, cluster_id: str, timeout_s: float = 15.0) -> None:
         """Stop the cluster's process; its cores become free again."""

@@ -13,11 +13,13 @@ simulated pools implement it.
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-__all__ = ["CANCELLED", "ClusterInfo", "ClusterPool", "QueryCompletion", "QueryRequest", "QueryStatus", "RawPage"]
+__all__ = ["CANCELLED", "ClusterInfo", "ClusterPool", "QueryCompletion", "QueryRequest", "QueryStatus", "RawPage",
+           "drain"]
 
 QueryStatus = Literal["ok", "timeout", "error"]
 
@@ -196,3 +198,17 @@ class ClusterPool(Protocol):
 
     def close(self) -> None:
         """Tear down every cluster."""
+
+
+def drain(completions: queue.Queue, timeout_s: float | None = None) -> list[QueryCompletion]:
+    """A pool's completion queue emptied, waiting up to ``timeout_s`` for the first (``ClusterPool.completions``)."""
+    out: list[QueryCompletion] = []
+    try:
+        out.append(completions.get(timeout=timeout_s))
+    except queue.Empty:
+        return out
+    while True:
+        try:
+            out.append(completions.get_nowait())
+        except queue.Empty:
+            return out

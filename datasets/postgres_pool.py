@@ -71,7 +71,7 @@ from typing import TYPE_CHECKING, Any
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets import _pg_values
 from sloctl.datasets.pg_dialect import CURSOR_KINDS, RUNNABLE, statement_kind
-from sloctl.datasets.pool import CANCELLED, ClusterInfo, QueryCompletion, QueryRequest, RawPage
+from sloctl.datasets.pool import CANCELLED, ClusterInfo, QueryCompletion, QueryRequest, RawPage, drain
 
 if TYPE_CHECKING:
     import psycopg
@@ -699,16 +699,7 @@ class PostgresClusterPool:
 
     def completions(self, timeout_s: float | None = None) -> list[QueryCompletion]:
         """Completions since the last call, waiting up to ``timeout_s`` for the first."""
-        out: list[QueryCompletion] = []
-        try:
-            out.append(self._completions.get(timeout=timeout_s))
-        except queue.Empty:
-            return out
-        while True:
-            try:
-                out.append(self._completions.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._completions, timeout_s)
 
     def tear_down(self, cluster_id: str, timeout_s: float = 15.0) -> None:
         """Detach the cluster: interrupt its queries (they end as ``error``), close its connections.

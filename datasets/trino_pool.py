@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sloctl.core.errors import ClusterPoolError
-from sloctl.datasets.pool import CANCELLED, ClusterInfo, QueryCompletion, QueryRequest, RawPage
+from sloctl.datasets.pool import CANCELLED, ClusterInfo, QueryCompletion, QueryRequest, RawPage, drain
 
 __all__ = ["TrinoBackend", "TrinoClusterPool"]
 
@@ -522,16 +522,7 @@ class TrinoClusterPool:
 
     def completions(self, timeout_s: float | None = None) -> list[QueryCompletion]:
         """Completions since the last call, waiting up to ``timeout_s`` for the first."""
-        out: list[QueryCompletion] = []
-        try:
-            out.append(self._completions.get(timeout=timeout_s))
-        except queue.Empty:
-            return out
-        while True:
-            try:
-                out.append(self._completions.get_nowait())
-            except queue.Empty:
-                return out
+        return drain(self._completions, timeout_s)
 
     def tear_down(self, cluster_id: str) -> None:
         """Detach the coordinator: its queries are cancelled there and end as ``error``; it keeps running.
