@@ -1280,6 +1280,8 @@ class Gateway:
                 health = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             health["checked_s"] = self.now_s()
             out[name] = health
+            stranded: list[int] = []
+            back = False
             with self.lock:
                 self.backend_health[name] = health
                 state = self.backend_state.get(name)
@@ -1289,32 +1291,40 @@ class Gateway:
                     self.managed.events.append({"t": now, "event": "unhealthy", "cluster_id": name,
                                                 "why": health.get("error", ""), "round": self.health_rounds})
                     t = time.monotonic()
-                    for attempt_id, (_, on) in list(self.attempts.items()):  # retried elsewhere within their budget
-                        if on == name:
-                            with contextlib.suppress(ClusterPoolError):
-                                self.pool.cancel(name, attempt_id)
-                            self._attempt_ended(attempt_id, QueryCompletion(
-                                attempt_id, name, t, t, "error", f"backend {name} stopped: failed its health check"))
-                elif state == "unhealthy" and health.get("ok"):
-                    self._reattach(name, now)
+                    stranded = [aid for aid, (_, on) in self.attempts.items() if on == name]
+                    for attempt_id in stranded:  # retried elsewhere within their class's budget
+                        self._attempt_ended(attempt_id, QueryCompletion(
+                            attempt_id, name, t, t, "error", f"backend {name} stopped: failed its health check"))
+                back = state == "unhealthy" and bool(health.get("ok"))
+            for attempt_id in stranded:  # best effort, outside the lock: the backend may not answer
+                with contextlib.suppress(Exception):
+                    self.pool.cancel(name, attempt_id)
+            if back:
+                self._reattach(name)
         return out
 
-    def _reattach(self, name: str, now: float) -> None:
-        """An unhealthy engine backend answered again: attach it anew and route to it once ready (lock held)."""
+    def _reattach(self, name: str) -> None:
+        """An unhealthy engine backend answered again: attach it anew (outside the lock), route to it once ready."""
         spec = self.backends[name]
         info = next((i for i in self.pool.clusters() if i.cluster_id == name), None)
-        if info is None or info.state != "ready":
+        attached = info is not None and info.state == "ready"
+        if not attached:
             with contextlib.suppress(ClusterPoolError):
                 if info is not None and info.state != "stopped":
                     self.pool.tear_down(name)
             try:
                 self.pool.spin_up(spec.size, cluster_id=name)
             except ClusterPoolError as exc:
-                self.backend_health[name] = {**self.backend_health.get(name, {}), "ok": False, "error": str(exc)}
+                with self.lock:
+                    self.backend_health[name] = {**self.backend_health.get(name, {}), "ok": False, "error": str(exc)}
                 return
-            self.managed.clusters[name].ready_s = None  # routable again once the pool says ready
-        self.backend_state[name] = "active"
-        self.managed.events.append({"t": now, "event": "healthy", "cluster_id": name})
+        with self.lock:
+            if self.backend_state.get(name) != "unhealthy":  # drained or removed meanwhile
+                return
+            if not attached:
+                self.managed.clusters[name].ready_s = None  # routable again once the pool says ready
+            self.backend_state[name] = "active"
+            self.managed.events.append({"t": self.now_s(), "event": "healthy", "cluster_id": name})
 
     def backends_view(self) -> list[dict[str, Any]]:
         """What ``GET /v1/gateway/backends`` answers: each backend, its state, health and running attempts."""
