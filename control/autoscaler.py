@@ -302,16 +302,28 @@ class _PredictedWorld:
     def __init__(self, pool: ManagedPool, now_s: float) -> None:
         self.pool = pool
         self.now_s = now_s
+        # each cluster's earliest predicted end, kept until a query is routed to it or ends on it (the
+        # predictor changes only that cluster's predictions then): under a backlog the scan was the hot spot
+        self._ends: dict[str, tuple[float, int | None]] = {}
 
-    def _next_completion(self) -> tuple[float, int | None]:
-        best = (math.inf, None)
-        model = self.pool.router.model
-        for cid in self.pool.clusters:
-            for r in model.running_on(cid):
+    def _cluster_next(self, cid: str) -> tuple[float, int | None]:
+        best = self._ends.get(cid)
+        if best is None:
+            best = (math.inf, None)
+            for r in self.pool.router.model.running_on(cid):
                 end = r.arrival_s + r.predicted_s
                 if end < best[0]:
                     best = (end, r.query_id)
+            self._ends[cid] = best
         return best
+
+    def _next_completion(self) -> tuple[float, int | None, str | None]:
+        best, where = (math.inf, None), None
+        for cid in self.pool.clusters:
+            end = self._cluster_next(cid)
+            if end[0] < best[0]:
+                best, where = end, cid
+        return best[0], best[1], where
 
     def run_until(self, arrivals: list[Query], stop: Callable[[], bool], on_done: Callable[[Query | int, float], None],
                   t_end: float = math.inf) -> None:
@@ -322,7 +334,7 @@ class _PredictedWorld:
         """
         i = 0
         while not stop():
-            t_done, qid = self._next_completion()
+            t_done, qid, where = self._next_completion()
             t_arr = arrivals[i].arrival_s if i < len(arrivals) else math.inf
             t_next = min(t_done, t_arr)
             if math.isinf(t_next) or t_next > t_end:
@@ -331,12 +343,13 @@ class _PredictedWorld:
                 return
             self.now_s = max(self.now_s, t_next)
             if t_done <= t_arr:
+                self._ends.pop(where, None)
                 self.pool.complete(qid, self.now_s)
                 on_done(qid, self.now_s)
             else:
                 query = arrivals[i]
                 i += 1
-                self.pool.route(query, self.now_s)
+                self._ends.pop(self.pool.route(query, self.now_s).cluster_id, None)
         return
 
 
