@@ -381,12 +381,15 @@ class PostgresClusterPool:
         with self._cond:
             if cluster.state in ("starting", "ready") and not cluster.stopping:
                 cluster.state, cluster.failure = "failed", failure
-            idle, cluster.idle = cluster.idle, []
-            cluster.opened -= len(idle)
-            self._cond.notify_all()
-        for conn in idle:
-            with contextlib.suppress(Exception):
-                conn.close()
+            idle = self._take_idle(cluster)
+        _close_all(idle)
+
+    def _take_idle(self, cluster: _Cluster) -> list[psycopg.Connection]:
+        """The cluster's idle connections, taken out of its pool (lock held; close them after releasing it)."""
+        idle, cluster.idle = cluster.idle, []
+        cluster.opened -= len(idle)
+        self._cond.notify_all()
+        return idle
 
     def _lost(self, cluster: _Cluster, exc: BaseException) -> str:
         """The error of a query whose connection broke: probe the server, fail the cluster if it is gone."""
@@ -713,12 +716,8 @@ class PostgresClusterPool:
                 return
             cluster.stopping = True
             runs = list(cluster.runs.values())
-            idle, cluster.idle = cluster.idle, []
-            cluster.opened -= len(idle)
-            self._cond.notify_all()
-        for conn in idle:
-            with contextlib.suppress(Exception):
-                conn.close()
+            idle = self._take_idle(cluster)
+        _close_all(idle)
         for run in runs:
             self._interrupt(run)
         deadline = time.monotonic() + timeout_s
@@ -985,6 +984,13 @@ class PostgresClusterPool:
                 with contextlib.suppress(Exception):
                     slot[0].close()
                 slot[0] = None
+
+
+def _close_all(connections: list[psycopg.Connection]) -> None:
+    """Close each connection, whatever state its server is in."""
+    for conn in connections:
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 def _ended(out: _Outcome) -> _Outcome:

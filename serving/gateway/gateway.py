@@ -414,6 +414,8 @@ class Gateway:
                                         path_default=None if opts.log_dir is None
                                         else Path(opts.log_dir) / "history.sqlite")
         self._history_queue: queue.Queue = queue.Queue(maxsize=100_000)
+        self._history_lock = threading.Lock()  # one writer at a time: a query's rows are written in order
+        self._removing: set[str] = set()  # draining backends to forget once drained
         self._stop = threading.Event()
         self.dispatch_errors: deque[str] = deque(maxlen=20)
         self._looked_s = -math.inf  # when deferred queries were last asked about
@@ -1217,12 +1219,15 @@ class Gateway:
                     self.history.prune()
 
     def _write_history(self) -> None:
-        while True:
-            try:
-                doc = self._history_queue.get_nowait()
-            except queue.Empty:
-                return
-            self.history.record_query(doc, safe=True)
+        # the writer thread and a reader (history_rows) both drain the queue: taken in turn, so a query's
+        # submission row never lands after its end row
+        with self._history_lock:
+            while True:
+                try:
+                    doc = self._history_queue.get_nowait()
+                except queue.Empty:
+                    return
+                self.history.record_query(doc, safe=True)
 
     def history_rows(self, *, user: str | None = None, state: str | None = None, limit: int = 100
                      ) -> list[dict[str, Any]]:
@@ -1371,7 +1376,6 @@ class Gateway:
                 raise KeyError(name)
             if self.backend_state[name] != "drained":
                 self.backend_state[name] = "draining"
-            self._removing = getattr(self, "_removing", set())
             if remove:
                 self._removing.add(name)
             self.managed.events.append({"t": self.now_s(), "event": "drain", "cluster_id": name, "remove": remove})
@@ -1381,7 +1385,7 @@ class Gateway:
 
     def _settle_drains(self) -> None:
         """Draining backends with nothing running: stop them; those asked to be removed leave the list (lock held)."""
-        removing = getattr(self, "_removing", set())
+        removing = self._removing
         for name in [n for n, state in self.backend_state.items() if state == "draining" and not self.running_on(n)]:
             self.backend_state[name] = "drained"
             cluster = self.managed.clusters.get(name)
