@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -323,6 +324,9 @@ class ServeSection:
         lease_ttl_s, lease_max_ttl_s: an admission lease's default and largest
             lifetime; an expired lease's credit is reclaimed.
         history_limit: control-loop decisions the runtime's credit controllers keep.
+        retry_networks: networks whose retry policy (``retry-policy-NAME``)
+            ``/v1/retry-policy?network=NAME`` serves besides those registered;
+            any other name answers 404 and the runtime keeps nothing for it.
         Every value is range-checked (``ConfigError`` names the key).
     """
 
@@ -355,8 +359,13 @@ class ServeSection:
     lease_ttl_s: float = 30.0
     lease_max_ttl_s: float = 600.0
     history_limit: int = 1000
+    retry_networks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        for name in self.retry_networks:
+            if not (isinstance(name, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", name)):
+                raise ConfigError(f"key 'serve.retry_networks' must list network names (a letter or digit, then "
+                                  f"letters, digits or '_.-', at most 100), got {name!r}.")
         _in_range(self, "serve", port=(1, 65535), max_in_flight=(1, 100_000), watch_interval_s=(0.05, 86_400.0),
                   spinup_delay_s=(0.0, 86_400.0), max_body_bytes=(1024, 64 * 2**20), body_timeout_s=(0.05, 600.0),
                   header_timeout_s=(0.05, 600.0), max_connections=(16, 1_000_000),

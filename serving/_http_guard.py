@@ -22,7 +22,12 @@ per connection:
    ``trusted_clients`` are exempt: a reverse proxy, local drivers), and so is
    one beyond ``max_connections`` open in all (below the descriptor limit,
    so ``accept`` itself never fails).
-4. **Keep-alive** is uvicorn's own (``timeout_keep_alive``), untouched.
+4. **Head size.** A request head longer than uvicorn's
+   ``h11_max_incomplete_event_size`` (``serve.max_header_bytes``, 16 KiB by
+   default) gets 431 and the connection is closed, whether it trickles in or
+   arrives in one read (h11 itself only bounds a head it is still waiting
+   for, so a 60 KB head sent at once would otherwise pass).
+5. **Keep-alive** is uvicorn's own (``timeout_keep_alive``), untouched.
 
 Nothing a single stranger can fill alone is shared with authenticated work,
 so uvicorn's ``limit_concurrency`` (which answers *every* request 503 once
@@ -50,8 +55,37 @@ __all__ = ["REASONS", "GuardSettings", "GuardedH11Protocol", "HttpGuard", "guard
            "raise_nofile_limit"]
 
 #: why the guard closed a connection: no byte within the head timeout, an incomplete head, an incomplete
-#: body, the peer's connection cap, the server's connection cap
-REASONS = ("idle", "header_timeout", "body_timeout", "per_client", "max_connections")
+#: body, the peer's connection cap, the server's connection cap, a request head over the size limit
+REASONS = ("idle", "header_timeout", "body_timeout", "per_client", "max_connections", "header_too_large")
+
+
+class _BoundedHeadConnection(h11.Connection):
+    """An h11 server connection that refuses a request head longer than ``max_head_bytes``, however it arrives.
+
+    h11's ``max_incomplete_event_size`` is checked only while a head is
+    incomplete: a head delivered whole in one read is parsed at any length.
+    Before each event of a new request this looks at what is buffered: more
+    than ``max_head_bytes`` with no blank line (the head's end) inside the
+    limit is refused with h11's own error (status hint 431).
+    """
+
+    def __init__(self, max_head_bytes: int) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_head_bytes)
+        self.max_head_bytes = max_head_bytes
+        self.head_too_large = False
+
+    def next_event(self) -> Any:
+        if self.their_state is h11.IDLE:
+            data = self.trailing_data[0]
+            limit = self.max_head_bytes
+            if len(data) > limit and data.find(b"\n\r\n", 0, limit + 3) < 0 and data.find(b"\n\n", 0, limit + 2) < 0:
+                self.head_too_large = True
+                raise h11.RemoteProtocolError(f"request head longer than {limit} bytes", error_status_hint=431)
+        try:
+            return super().next_event()
+        except h11.RemoteProtocolError as exc:
+            self.head_too_large = exc.error_status_hint == 431  # h11's own limit on an incomplete head
+            raise
 
 
 @dataclass(frozen=True)
@@ -176,6 +210,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.conn = _BoundedHeadConnection(self.config.h11_max_incomplete_event_size or 16384)  # nothing read yet
         self._peer: str | None = None
         self._counted = False
         self._head_timer: Any = None
@@ -216,6 +251,21 @@ class GuardedH11Protocol(H11Protocol):
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._follow()  # a pipelined request may have been read just now
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request h11 cannot parse; a head over the size limit gets 431 instead."""
+        if not getattr(self.conn, "head_too_large", False):
+            super().send_400_response(msg)
+            return
+        self.guard.note("header_too_large")
+        limit = self.conn.max_head_bytes
+        detail = f"the request head is longer than the server's limit of {limit} bytes (serve.max_header_bytes)"
+        payload = json.dumps(problem(431, detail, field="headers", kind="request-header-fields-too-large",
+                                     title="Request Header Fields Too Large")).encode()
+        self.transport.write(b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: "
+                             + PROBLEM_JSON.encode() + b"\r\ncontent-length: " + str(len(payload)).encode()
+                             + b"\r\nconnection: close\r\n\r\n" + payload)
+        self.transport.close()
 
     def _follow(self) -> None:
         """Move the deadlines along with the client's side of the exchange."""
@@ -313,7 +363,7 @@ def guard_options(*, header_timeout_s: float = 10.0, body_timeout_s: float = 5.0
             see :func:`raise_nofile_limit`).
         trusted_clients: addresses or networks exempt from the per-client cap.
         keep_alive_s: idle kept-alive connections are closed after this (uvicorn's ``timeout_keep_alive``).
-        max_header_bytes: largest request head (h11's incomplete-event limit; 400 beyond).
+        max_header_bytes: largest request head (431 and the connection closed beyond).
 
     Returns:
         ``http`` (the guarded protocol class; ``options["http"].guard`` is its :class:`HttpGuard`),

@@ -48,7 +48,7 @@ from sloctl.registry.routers import BuiltRouter, build_router, router_templates
 from sloctl.registry.store import connect, load_model, load_policy
 
 __all__ = ["LATENCY", "Controller", "LatencyChoice", "ModelSlot", "PoolBackend", "load_templates_table",
-           "reopen_if_replaced"]
+           "registered_names", "reopen_if_replaced"]
 
 #: The slot kind of a latency model (a policy slot's kind is its document's, e.g. ``retry-policy``).
 LATENCY = "latency"
@@ -116,6 +116,34 @@ class ModelSlot:
     def status(self) -> dict[str, Any]:
         return {"uri": self.uri, "version": self.version, "loaded": self.value is not None, "error": self.error,
                 "swaps": self.swaps, "load_failures": self.load_failures}
+
+
+def registered_names(tracking_uri: str, prefix: str, *, limit: int = 10_000) -> frozenset[str]:
+    """The registered model names starting with ``prefix``, ``prefix`` removed (at most ``limit``).
+
+    One registry search (a page per 1,000 names). A door asks this to learn
+    which names exist before it follows one: a slot per name a client made up
+    would be polled for ever.
+
+    Raises:
+        Exception: whatever the registry raises when it cannot be read (the caller keeps what it knew).
+    """
+    from mlflow import MlflowClient
+
+    reopen_if_replaced(tracking_uri)
+    connect(tracking_uri)
+    client = MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+    escaped = prefix.replace("'", "''")
+    names: set[str] = set()
+    token = None
+    while len(names) < limit:
+        page = client.search_registered_models(filter_string=f"name LIKE '{escaped}%'", max_results=1000,
+                                               page_token=token)
+        names.update(m.name[len(prefix):] for m in page if m.name.startswith(prefix) and len(m.name) > len(prefix))
+        token = page.token
+        if not token:
+            break
+    return frozenset(sorted(names)[:limit])
 
 
 _REGISTRY_FILES: dict[str, tuple[int, int, int]] = {}  # tracking URI -> (device, inode, mtime_ns) last seen

@@ -30,13 +30,13 @@ import html
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloctl.control.credits import CreditController, LeaseError
@@ -46,7 +46,7 @@ from sloctl.serving.runtime.admission import AdmissionMiddleware, AdmissionSetti
 from sloctl.serving.runtime.envoy import envoy_route_config
 from sloctl.serving.runtime.runtime import RequestRefused, Runtime, RuntimeConfig
 
-__all__ = ["MAX_NEIGHBOURS", "create_app"]
+__all__ = ["MAX_NAME_CHARS", "MAX_NEIGHBOURS", "Name", "create_app"]
 
 #: ``?network=NAME`` on the retry-policy endpoints: the policy registered as ``retry-policy-NAME``.
 _NETWORK = Query(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
@@ -54,6 +54,25 @@ _NETWORK = Query(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za
                              "omitted: serve.retry_uri.")
 
 MAX_NEIGHBOURS = 256  # the schema's bound; serve.predict_max_neighbours may set a lower one
+MAX_NAME_CHARS = 200  # longest template or service name; a class 64, a holder 128, a lease id 64
+
+
+def _printable(value: str) -> str:
+    """A name as sent, or a ``ValueError`` (a 422 naming the field) when it holds a control character.
+
+    NUL and the other C0/C1 controls are never part of a template, class,
+    holder or service name; refused here, they never reach the template
+    table, the state store or a log line.
+    """
+    for i, ch in enumerate(value):
+        if ord(ch) < 0x20 or 0x7F <= ord(ch) < 0xA0:
+            raise ValueError(f"must not hold control characters (U+0000-U+001F, U+007F-U+009F), "
+                             f"got U+{ord(ch):04X} at position {i}")
+    return value
+
+
+#: A name from a client: printable, 1 to ``max_length`` characters.
+Name = Annotated[str, AfterValidator(_printable)]
 _CLUSTER_ID = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a leading "_" is the runtime's own (``_retired``)
 
 
@@ -68,12 +87,12 @@ class _Out(BaseModel):
 
 
 class Neighbour(_Body):
-    template: str = Field(min_length=1, max_length=200)
+    template: Name = Field(min_length=1, max_length=MAX_NAME_CHARS)
     offset_s: float = Field(ge=-86400, le=86400, description="Arrival relative to the query (negative: before).")
 
 
 class PredictBody(_Body):
-    template: str = Field(min_length=1, max_length=200)
+    template: Name = Field(min_length=1, max_length=MAX_NAME_CHARS)
     cluster_size: int = Field(ge=1, le=1024)
     neighbours: list[Neighbour] = Field(default_factory=list, max_length=MAX_NEIGHBOURS)
 
@@ -89,7 +108,7 @@ class PredictBody(_Body):
 
 class RouteBody(_Body):
     query_id: int = Field(ge=0, le=2**62)
-    template: str = Field(min_length=1, max_length=200)
+    template: Name = Field(min_length=1, max_length=MAX_NAME_CHARS)
     slo_s: float = Field(gt=0, le=86400)
 
 
@@ -105,9 +124,9 @@ class ClusterBody(_Body):
 
 
 class AdmitBody(_Body):
-    klass: str = Field(default="high", alias="class", min_length=1, max_length=64)
+    klass: Name = Field(default="high", alias="class", min_length=1, max_length=64)
     budget_ms: float = Field(default=1000.0, gt=0, le=86_400_000)
-    holder: str = Field(default="anonymous", min_length=1, max_length=128,
+    holder: Name = Field(default="anonymous", min_length=1, max_length=128,
                         description="Who holds the lease (recorded; a release naming another holder is refused).")
     ttl_s: float | None = Field(default=None, gt=0, le=86_400,
                                 description="Lease lifetime (default serve.lease_ttl_s, at most "
@@ -115,8 +134,8 @@ class AdmitBody(_Body):
 
 
 class ReleaseBody(_Body):
-    lease_id: str = Field(min_length=1, max_length=64, description="The id /v1/admit returned.")
-    holder: str | None = Field(default=None, min_length=1, max_length=128)
+    lease_id: Name = Field(min_length=1, max_length=64, description="The id /v1/admit returned.")
+    holder: Name | None = Field(default=None, min_length=1, max_length=128)
     ok: bool = True
     within_slo: bool = True
 
@@ -582,7 +601,8 @@ def create_app(cfg: RuntimeConfig, *, token: str | None, templates: Any = None, 
         return {"retries": doc["retries"], "predicted": doc["predicted"], "source": f"{slot.uri} v{slot.version}"}
 
     @app.get("/v1/retry-policy/envoy", response_model=EnvoyRouteConfigOut, responses=_errors(404, 422, 503))
-    def retry_policy_envoy(service: str = Query(min_length=1, max_length=200), network: str | None = _NETWORK) -> Any:
+    def retry_policy_envoy(service: Annotated[Name, Query(min_length=1, max_length=MAX_NAME_CHARS)],
+                           network: str | None = _NETWORK) -> Any:
         rt = runtime()
         slot = rt.retry_slot(network)
         if slot.value is None:

@@ -71,7 +71,7 @@ from sloctl.control.policies import AdmissionPolicy, ExecutionPlan, RetryPolicy
 from sloctl.control.router import ClusterState, Query
 from sloctl.core.config import RegistrySection, RouterSection, ServeSection, StateSection
 from sloctl.core.kinds import RouterKind
-from sloctl.serving.controller import LATENCY, Controller, ModelSlot
+from sloctl.serving.controller import LATENCY, Controller, ModelSlot, registered_names
 from sloctl.serving.runtime.execution import PlanEnactor
 from sloctl.serving.runtime.state import SqliteStateStore, StateStore
 from sloctl.serving.runtime.state_redis import RedisStateStore
@@ -211,6 +211,8 @@ class Runtime:
             self.store.save_costs([("_retired", self.cost_offset["_retired"])], delete=tuple(gone))
         self.admission = None
         self.leases: LeasedCredits | None = None
+        self.networks: frozenset[str] = frozenset(serve.retry_networks)  # configured, then registered too
+        self._networks_read = -math.inf  # when the registry's networks were last read (monotonic)
         self.refresh()
         self._reconcile()
         self._sync_clusters()
@@ -226,12 +228,25 @@ class Runtime:
         """The retry policy of ``network`` (``models:/retry-policy-<network>@champion``); ``serve.retry_uri``'s if None.
 
         Policies are registered per network (``sloctl retry optimise``), so
-        each network's sidecars ask for theirs by name. A network's slot is
-        made on its first request and polled with the others from then on.
+        each network's sidecars ask for theirs by name. A slot is made only
+        for a network registered in the registry or named in
+        ``serve.retry_networks``, on its first request, and polled with the
+        others from then on; any other name is refused without a trace
+        (slots are polled for ever, so a client must not be able to add them).
+
+        Raises:
+            RequestRefused: (404, ``network``) a network neither registered nor configured.
         """
         if network is None:
             return self.slots["retry"]
         key = f"retry-{network}"
+        slot = self.slots.get(key)
+        if slot is not None:
+            return slot
+        if network not in self.networks and network not in self.read_networks(at_most_every_s=1.0):
+            raise RequestRefused(f"no retry policy for network {network!r}: no {RetryPolicy.kind}-{network} is "
+                                 f"registered (run `sloctl retry optimise`) and serve.retry_networks does not name it",
+                                 status=404, field="network")
         with self.lock:
             slot = self.slots.get(key)
             if slot is None:
@@ -240,13 +255,34 @@ class Runtime:
                 slot.refresh()
         return slot
 
+    def read_networks(self, *, at_most_every_s: float = 0.0) -> frozenset[str]:
+        """The networks a retry policy may be served for: configured, and registered as ``retry-policy-NAME``.
+
+        Reads the registry unless it was read less than ``at_most_every_s``
+        ago (an unknown name in a request costs at most one read a second,
+        however many names a client tries); an unreadable registry keeps the
+        names known before.
+        """
+        now = time.monotonic()
+        if now - self._networks_read < at_most_every_s:
+            return self.networks
+        self._networks_read = now
+        try:
+            found = registered_names(self.cfg.registry.tracking_uri, f"{RetryPolicy.kind}-")
+        except Exception:  # registry unreachable: the slots report it; keep the names known
+            return self.networks
+        self.networks = frozenset(self.cfg.serve.retry_networks) | found
+        return self.networks
+
     def refresh(self) -> dict[str, bool]:
         """Poll every alias; rebuild the router when a latency model changed, enact a new execution-config.
 
         Also the background look at the clock: scheduled spin-ups now due are
-        enacted here when no route call came first.
+        enacted here when no route call came first; and the registry's retry
+        networks are read again (:meth:`read_networks`).
         """
         swapped = self.control.poll()
+        self.read_networks()
         with self.lock:
             if swapped["iconq"] or swapped["stage"] or self.built is None:
                 self._build_router()

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from sloctl.core.errors import ConfigError
-from sloctl.serving._http_guard import GuardSettings, guard_options
+from sloctl.serving._http_guard import REASONS, GuardSettings, guard_options
 from sloctl.serving.local import LocalServer, server_options
 
 STRANGER = "127.0.0.2"  # all of 127/8 is loopback on Linux: a second peer address on this machine
@@ -139,8 +139,7 @@ def test_kept_alive_connection_outlives_the_header_timeout_between_requests():
         time.sleep(0.6)  # idle for twice the head timeout: keep-alive governs, not the head deadline
         second = client.get("/")
         assert first.status_code == second.status_code == 200
-        assert server.guard.stats()["closed"] == dict.fromkeys(
-            ("idle", "header_timeout", "body_timeout", "per_client", "max_connections"), 0)
+        assert server.guard.stats()["closed"] == dict.fromkeys(REASONS, 0)
 
 
 def test_partial_pipelined_head_is_cut_after_the_answer_before_it():
@@ -283,3 +282,35 @@ def test_runtime_serves_authenticated_requests_while_a_stranger_holds_slow_heads
         assert closed()["closed"]["per_client"] == 24
         for sock in slow:
             sock.close()
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["one-read", "in-pieces"])
+def test_oversized_head_gets_431_and_the_server_keeps_serving(trickle):
+    with (server := _server()) as client:
+        port = client.base_url.port
+        head = b"GET / HTTP/1.1\r\nHost: t\r\nX-Filler: " + b"a" * 60_000 + b"\r\n\r\n"
+        with _connect(port, STRANGER) as sock:
+            if trickle:
+                for start in range(0, len(head), 8192):
+                    with contextlib.suppress(OSError):  # the server may close before the rest is sent
+                        sock.sendall(head[start:start + 8192])
+            else:
+                with contextlib.suppress(OSError):
+                    sock.sendall(head)
+            answer = _read_to_close(sock)
+        assert answer.startswith(b"HTTP/1.1 431 ") and b'"field": "headers"' in answer
+        assert b"16384 bytes" in answer
+        assert server.guard.closed["header_too_large"] == 1
+        assert _get(port, STRANGER).startswith(b"HTTP/1.1 200 ")
+        assert client.get("/echo").status_code == 200
+
+
+def test_head_just_under_the_limit_is_served_and_a_kept_alive_oversized_one_is_not():
+    with _server() as client:
+        port = client.base_url.port
+        with _connect(port) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nX-Filler: " + b"a" * 15_000 + b"\r\n\r\n")
+            first = sock.recv(4096)
+            assert first.startswith(b"HTTP/1.1 200 ")
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: t\r\nX-Filler: " + b"a" * 40_000 + b"\r\n\r\n")
+            assert _read_to_close(sock).startswith(b"HTTP/1.1 431 ")
