@@ -1,7 +1,10 @@
 """The process behind one DuckDB cluster (``python -m sloctl.datasets._cluster_worker``).
 
-It enrols itself in its CPU-budget cgroup (``--cgroup-procs``, before any
-work starts, so every thread it makes is budgeted), pins itself to its cores,
+It first bounds its own memory (``--rlimit-data``, a byte count) and enrols
+itself in its CPU-budget and memory cgroups (``--cgroup-procs``, once per
+group), before DuckDB is imported and any work starts, so every thread and
+every allocation it makes is budgeted and bounded
+(:mod:`sloctl.datasets.memory_bound`). It then pins itself to its cores,
 opens the database read-only with ``threads = size``, seals itself in a
 sandbox (below), waits out the warm-up delay, then reads JSON-line commands on
 stdin and answers JSON lines on stdout:
@@ -29,7 +32,9 @@ file outside the worker's own temp folder, no URL, no ``ATTACH``, no
 change ``threads``, ``memory_limit`` or the sandbox itself. Each request is one
 statement, a ``SELECT`` or an ``EXPLAIN`` (``COPY`` could still write into
 the temp folder, outside the temp-size limit). ``--memory-limit``,
-``--temp-dir`` and ``--temp-dir-limit`` bound memory and spilling.
+``--temp-dir`` and ``--temp-dir-limit`` bound memory and spilling. An allocation that fails
+(past ``--rlimit-data``, or Python's own ``MemoryError``) ends its query as
+``OutOfMemoryException``, as DuckDB's own memory errors do.
 
 A streamed query never runs more than ``buffer_pages`` pages ahead of the
 credit it was given: the reader fetches with ``fetchmany`` from DuckDB's
@@ -56,6 +61,21 @@ CANCELLED = "cancelled by the client"  # sloctl.datasets.pool.CANCELLED (the wor
 RUNNABLE = ("SELECT", "EXPLAIN")
 #: ... and on a scratch worker (the gateway's ``memory`` catalog), whose own database may be written.
 RUNNABLE_SCRATCH = (*RUNNABLE, "CREATE", "INSERT", "DELETE", "UPDATE", "DROP")
+#: The class name every memory failure is reported under (the gateway maps it to EXCEEDED_LOCAL_MEMORY_LIMIT).
+OUT_OF_MEMORY = "OutOfMemoryException"
+
+
+def error_text(exc: BaseException) -> str:
+    """A query's failure as ``"<DuckDB exception class>: message"``; every memory failure as :data:`OUT_OF_MEMORY`.
+
+    A C++ ``std::bad_alloc`` that DuckDB passes on under another class, and
+    Python's ``MemoryError`` (a page of rows that cannot be built), are
+    memory failures too: a caller must not retry them elsewhere.
+    """
+    text = str(exc)
+    if isinstance(exc, MemoryError) or "bad_alloc" in text or "bad allocation" in text:
+        return f"{OUT_OF_MEMORY}: {text or 'an allocation failed (the worker is at its memory bound)'}"
+    return f"{type(exc).__name__}: {text}"
 
 
 def _json_value(value):
@@ -161,6 +181,31 @@ def _encoded(rows: list, encode: dict[int, object]) -> list:
     if not encode:
         return rows
     return [[encode[i](v) if i in encode and v is not None else v for i, v in enumerate(row)] for row in rows]
+
+
+def _pages_within(rows: list, encode: dict[int, object] | None, limit: int | None):
+    """``rows`` as JSON pages of at most ``limit`` bytes each, in order: ``(json, row count)`` pairs.
+
+    A page over the limit is halved until its parts fit; a single row over it
+    fails the query with ``OutOfMemoryException`` (the consumer bounds its
+    memory by bytes: a 200 MB value must not reach it, whatever its row count).
+    """
+    import duckdb  # the worker imports it once its memory bound is set
+
+    parts = [rows]
+    while parts:
+        part = parts.pop()
+        page = _page_json(part, encode)
+        if limit is None or len(page) <= limit:  # ASCII JSON (ensure_ascii): characters are bytes
+            yield page, len(part)
+        elif len(part) == 1:
+            raise duckdb.OutOfMemoryException(
+                f"a result row of {len(page)} bytes is larger than a result page may be ({limit} bytes: the "
+                f"gateway's buffer_bytes / buffer_pages); the query fails rather than the gateway's memory")
+        else:
+            del page
+            half = len(part) // 2
+            parts += [part[half:], part[:half]]
 
 
 def _page_json(rows: list, encode: dict[int, object] | None = None) -> str:
@@ -285,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, required=True)
     parser.add_argument("--cores", required=True, help="comma-separated core ids")
     parser.add_argument("--warmup-s", type=float, default=0.0)
-    parser.add_argument("--cgroup-procs", default=None, help="a cgroup's cgroup.procs file to join first")
+    parser.add_argument("--cgroup-procs", action="append", default=[],
+                        help="a cgroup's cgroup.procs file to join first (once per group: CPU budget, memory bound)")
+    parser.add_argument("--rlimit-data", type=int, default=None,
+                        help="RLIMIT_DATA in bytes, set before DuckDB is imported (the memory bound without cgroups)")
     parser.add_argument("--memory-limit", default=None, help="DuckDB memory_limit, e.g. 2GB")
     parser.add_argument("--temp-dir", default=None, help="DuckDB temp_directory (spilling)")
     parser.add_argument("--temp-dir-limit", default=None, help="DuckDB max_temp_directory_size, e.g. 10GB")
@@ -304,8 +352,12 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.flush()
 
     try:
-        if args.cgroup_procs:
-            with open(args.cgroup_procs, "w") as procs:
+        if args.rlimit_data is not None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_DATA, (args.rlimit_data, args.rlimit_data))
+        for procs_file in args.cgroup_procs:
+            with open(procs_file, "w") as procs:
                 procs.write(str(os.getpid()))
         os.sched_setaffinity(0, [int(c) for c in args.cores.split(",")])
         import duckdb
@@ -352,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             credits[query_id] -= 1
 
     def run(query_id: int, sql: str, timeout_s: float | None, fetch: bool = False, stream: bool = False,
-            page_rows: int = 1000, buffer_pages: int = 4, stream_timeout_s: float | None = None) -> None:
+            page_rows: int = 1000, buffer_pages: int = 4, stream_timeout_s: float | None = None,
+            page_bytes: int | None = None) -> None:
         cur = con.cursor()
         with cond:
             running[query_id] = cur
@@ -361,10 +414,10 @@ def main(argv: list[str] | None = None) -> int:
         status, error, n_rows, result = "ok", "", 0, None
         start_s = time.monotonic()
         deadline = None if timeout_s is None else start_s + timeout_s
-        if timer is not None:
-            timer.daemon = True
-            timer.start()
         try:
+            if timer is not None:
+                timer.daemon = True
+                timer.start()
             with cond:
                 if query_id in cancelled or stopping.is_set():  # cancelled, or torn down, before it started
                     raise duckdb.InterruptException("stopped before it started")
@@ -375,19 +428,20 @@ def main(argv: list[str] | None = None) -> int:
                 emit({"kind": "columns", "query_id": query_id, "columns": columns})
                 encode = encoders(columns)
                 while columns and (rows := answer.fetchmany(page_rows)):
-                    page, count = _page_json(rows, encode), len(rows)
+                    for page, count in _pages_within(rows, encode, page_bytes):
+                        wait_for_credit(query_id, deadline)
+                        emit_raw(f'{{"kind": "page", "query_id": {int(query_id)}, "n": {count}, "rows": {page}}}')
+                        del page
+                        if n_rows == 0 and stream_timeout_s is not None and timer is not None:
+                            # rows have left: the attempt can no longer be retried, so from here on only the
+                            # longer stream_timeout_s bounds it (the consumer's pace sets how long it takes)
+                            timer.cancel()
+                            deadline = start_s + max(stream_timeout_s, timeout_s or 0.0)
+                            timer = threading.Timer(max(0.0, deadline - time.monotonic()), cur.interrupt)
+                            timer.daemon = True
+                            timer.start()
+                        n_rows += count
                     del rows
-                    wait_for_credit(query_id, deadline)
-                    emit_raw(f'{{"kind": "page", "query_id": {int(query_id)}, "n": {count}, "rows": {page}}}')
-                    if n_rows == 0 and stream_timeout_s is not None and timer is not None:
-                        # rows have left: the attempt can no longer be retried, so from here on only the
-                        # longer stream_timeout_s bounds it (the consumer's pace sets how long it takes)
-                        timer.cancel()
-                        deadline = start_s + max(stream_timeout_s, timeout_s or 0.0)
-                        timer = threading.Timer(max(0.0, deadline - time.monotonic()), cur.interrupt)
-                        timer.daemon = True
-                        timer.start()
-                    n_rows += count
             else:
                 rows = cur.execute(sql).fetchall()
                 n_rows = len(rows)
@@ -401,8 +455,10 @@ def main(argv: list[str] | None = None) -> int:
             status, error = (("error", TORN_DOWN) if stopping.is_set() else ("error", CANCELLED) if was_cancelled
                              else ("timeout", ""))
             result = None
-        except duckdb.Error as exc:
-            status, error, result = "error", f"{type(exc).__name__}: {exc}", None
+        except (duckdb.Error, MemoryError) as exc:
+            status, error, result = "error", error_text(exc), None
+        except RuntimeError as exc:  # a timer's thread could not start: no memory left for its stack
+            status, error, result = "error", error_text(MemoryError(str(exc))), None
         end_s = time.monotonic()
         if timer is not None:
             timer.cancel()
@@ -430,8 +486,8 @@ def main(argv: list[str] | None = None) -> int:
             check_statement(cur, sql, ("SELECT",))
             rows = cur.execute("EXPLAIN (FORMAT JSON) " + sql).fetchall()
             plan = rows[0][1] if rows and len(rows[0]) > 1 else None
-        except duckdb.Error as exc:
-            error = f"{type(exc).__name__}: {exc}"
+        except (duckdb.Error, MemoryError) as exc:
+            error = error_text(exc)
         if timer is not None:
             timer.cancel()
         with cond:
@@ -444,7 +500,17 @@ def main(argv: list[str] | None = None) -> int:
     def start(target, *thread_args) -> None:
         nonlocal threads
         thread = threading.Thread(target=target, args=thread_args, daemon=True)
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no memory for its stack (RLIMIT_DATA): the request fails, the worker lives on
+            error = error_text(MemoryError(f"no thread could be started for it ({exc})"))
+            if target is run:
+                now = time.monotonic()
+                emit({"kind": "done", "query_id": thread_args[0], "start_s": now, "end_s": now, "status": "error",
+                      "error": error, "rows": 0})
+            else:
+                emit({"kind": "explained", "explain_id": thread_args[0], "plan": None, "error": error})
+            return
         threads = [t for t in threads if t.is_alive()]
         threads.append(thread)
 
@@ -455,7 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             start(run, message["query_id"], message["sql"], message.get("timeout_s"),
                   bool(message.get("fetch", False)), bool(message.get("stream", False)),
                   int(message.get("page_rows", 1000)), int(message.get("buffer_pages", 4)),
-                  message.get("stream_timeout_s"))
+                  message.get("stream_timeout_s"), message.get("page_bytes"))
         elif op == "credit":
             with cond:
                 if message["query_id"] in credits:

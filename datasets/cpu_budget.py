@@ -111,11 +111,11 @@ class CpuBudgets:
         return self.root.path / _PARENT
 
     def _ensure_parent(self) -> None:
-        if self.parent.is_dir():
-            return
         self.parent.mkdir(exist_ok=True)
         if self.root.version == 2:  # children of the parent need the cpu controller delegated to them
-            (self.parent / "cgroup.subtree_control").write_text("+cpu")
+            control = self.parent / "cgroup.subtree_control"  # (the memory bounds may have made the parent)
+            if "cpu" not in (control.read_text().split() if control.is_file() else []):
+                control.write_text("+cpu")
 
     def create(self, cluster_id: str, cores: float) -> CpuBudget:
         """Make the group of ``cluster_id`` allowing ``cores`` cores of CPU time.

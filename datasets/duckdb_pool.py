@@ -31,7 +31,22 @@ temp folder, no network, no extensions, settings locked, one ``SELECT`` or
 ``temp_dir_limit`` and the attempt's ``timeout_s``. Results come back whole
 (``fetch``) or in pages under credit-based flow control (``stream``), and
 :meth:`DuckDBClusterPool.explain` plans a statement on a worker. A worker that
-dies marks its cluster ``failed`` and ends every query on it as ``error``.
+dies marks its cluster ``failed`` and ends every query on it as ``error``;
+those completions are handed out before :meth:`DuckDBClusterPool.clusters`
+shows the cluster ``failed`` (for up to a second), so a caller that reads
+completions first learns why its queries ended from the completions.
+
+**Memory bounded by bytes.** DuckDB's ``memory_limit`` does not count every
+allocation, so each worker with a ``memory_limit`` (the scratch worker too)
+also runs under an operating-system bound a margin above it
+(:mod:`sloctl.datasets.memory_bound`): a memory cgroup where one is writable
+(the kernel kills a worker that passes it), and ``RLIMIT_DATA`` a little above
+(an allocation past it fails at once). Either way its queries end as
+``OutOfMemoryException``: a worker killed at its bound ends every query it ran with
+``"OutOfMemoryException: ... exceeded its memory bound ..."``, never as a
+worker that merely stopped, so a caller fails them rather than retrying them
+elsewhere. :attr:`DuckDBClusterPool.memory_mode` and ``memory_note`` say
+which mechanism holds, and each cluster's ``memory_bound`` its bytes.
 """
 
 from __future__ import annotations
@@ -57,6 +72,15 @@ from typing import Any
 
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.cpu_budget import DEFAULT_PERIOD_S, CpuBudget, CpuBudgets, find_cgroup_root
+from sloctl.datasets.memory_bound import (
+    MALLOC_ENV,
+    MemoryBound,
+    MemoryBounds,
+    bound_bytes,
+    data_limit_bytes,
+    find_memory_root,
+    size_bytes,
+)
 from sloctl.datasets.pool import ClusterInfo, QueryCompletion, QueryRequest, RawPage, drain
 
 __all__ = ["DuckDBClusterPool"]
@@ -66,6 +90,8 @@ _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(b|bytes|k|kb|kib|m|mb|mib|g|gb|gib|t|
 _TORN_DOWN = "cluster torn down while the query ran"  # the worker's words for the same end
 #: The head of a worker's page line (``_cluster_worker`` writes it so): query id and row count, then the rows.
 _PAGE = re.compile(r'^\{"kind": "page", "query_id": (\d+), "n": (\d+), "rows": ')
+#: How long a dead worker's completions wait to be taken before its cluster shows as failed.
+_HANDOVER_S = 1.0
 
 
 def _check_size(name: str, value: Any, *, allow_zero: bool) -> None:
@@ -90,6 +116,14 @@ def _exit_text(pid: int, returncode: int | None) -> str:
             name = ""
         return f"worker process {pid} was killed by signal {-returncode}{name}"
     return f"worker process {pid} exited with code {returncode}"
+
+
+def _memory_text(cluster: _Cluster, how: str) -> str:
+    """Why a worker killed at its memory bound ended its queries (the class name first, as the worker writes it)."""
+    margin = cluster.memory_bound - size_bytes(cluster.memory_limit)
+    return (f"OutOfMemoryException: the cluster worker of {cluster.cluster_id} exceeded its memory bound of "
+            f"{cluster.memory_bound} bytes (memory_limit {cluster.memory_limit} + margin {margin} bytes) and was "
+            f"killed by the operating system ({how}); its cluster failed (the gateway replaces it)")
 
 
 @dataclass
@@ -121,6 +155,11 @@ class _Cluster:
     stopping: bool = False  # tear_down asked for it: an exit is no failure
     streams: dict[int, _Stream] = field(default_factory=dict)
     explains: dict[int, dict | None] = field(default_factory=dict)  # explain id -> the worker's answer, once in
+    memory_limit: str | None = None  # DuckDB's memory_limit of the worker
+    memory_bound: int | None = None  # the operating system's bound, bytes (None: not bounded)
+    memory_group: MemoryBound | None = None  # the cgroup that holds it (None: RLIMIT_DATA or unbounded)
+    exited: bool = False  # the worker's output ended: nothing more can be sent to it
+    exit_pending: tuple[int, str] | None = None  # (completions put, why): the failure waits for them to be taken
 
 
 class DuckDBClusterPool:
@@ -152,6 +191,14 @@ class DuckDBClusterPool:
             removed on :meth:`close`).
         integer_division: run every worker with DuckDB's ``integer_division``
             (``/`` between integers truncates, as in Trino; the gateway's).
+        memory_mode: how a worker's memory is bounded a margin above its
+            ``memory_limit`` (:mod:`sloctl.datasets.memory_bound`): ``"auto"``
+            (a memory cgroup where writable, else ``RLIMIT_DATA``, said once),
+            ``"cgroup"`` (refuse to start without one) or ``"rlimit"``. A
+            worker without a ``memory_limit`` is not bounded.
+        memory_cgroup_root: where to make the memory groups (a
+            :class:`~sloctl.datasets.memory_bound.MemoryRoot`; default: found
+            on the machine).
     """
 
     def __init__(self, db_path: str | Path, *, warmup_s: float = 0.0,
@@ -159,7 +206,8 @@ class DuckDBClusterPool:
                  size_unit_cores: float | None = None, reserved_cores: int = 0, budget_mode: str = "auto",
                  period_s: float = DEFAULT_PERIOD_S, cgroup_root: Any = None,
                  log: Any = None, memory_limit: str | None = None, temp_dir_limit: str | None = None,
-                 temp_dir: str | Path | None = None, integer_division: bool = False) -> None:
+                 temp_dir: str | Path | None = None, integer_division: bool = False, memory_mode: str = "auto",
+                 memory_cgroup_root: Any = None) -> None:
         self.db_path = Path(db_path)
         self.integer_division = bool(integer_division)
         self.warmup_s = warmup_s
@@ -212,7 +260,30 @@ class DuckDBClusterPool:
                 self._budgets.remove_stale()
                 self.budget_mode = "cgroup"
                 self.budget_note = f"cgroup v{root.version} CPU budgets under {self._budgets.parent}"
+        if memory_mode not in ("auto", "cgroup", "rlimit"):
+            raise ClusterPoolError(f"The 'memory_mode' parameter must be 'auto', 'cgroup' or 'rlimit', "
+                                   f"got {memory_mode!r}.")
+        self._memory: MemoryBounds | None = None
+        self.memory_mode = "rlimit"
+        self.memory_note = "worker memory bounded by RLIMIT_DATA only (memory_mode: rlimit)"
+        if memory_mode != "rlimit":
+            memory_root = memory_cgroup_root if memory_cgroup_root is not None else find_memory_root()
+            if memory_root is None:
+                self.memory_note = ("no writable cgroup hierarchy with the memory controller: each worker's memory "
+                                    "is bounded by RLIMIT_DATA only (virtual memory, thread stacks included)")
+                if memory_mode == "cgroup":
+                    raise ClusterPoolError(f"memory_mode 'cgroup': {self.memory_note}.")
+                if self.memory_limit is not None:
+                    (log or (lambda m: print(m, file=sys.stderr)))(f"warning: {self.memory_note}")
+            else:
+                self._memory = MemoryBounds(memory_root)
+                self._memory.remove_stale()
+                self.memory_mode = "cgroup"
+                self.memory_note = (f"cgroup v{memory_root.version} memory bounds under {self._memory.parent}, "
+                                    "RLIMIT_DATA above them")
         self._completions: queue.Queue[QueryCompletion] = queue.Queue()
+        self._put = 0  # completions put into / taken from the queue: a dead worker's failure waits for its own
+        self._taken = 0
         self._clusters: dict[str, _Cluster] = {}
         self._cond = threading.Condition()
         self._ids = itertools.count(1)
@@ -225,6 +296,11 @@ class DuckDBClusterPool:
     def budget_cores(self, size: int) -> float:
         """The CPU a cluster of ``size`` may use, in cores."""
         return size * self.size_unit_cores if self.size_unit_cores is not None else float(size)
+
+    def memory_bound(self, memory_limit: str | None = None) -> int | None:
+        """The bytes a worker with ``memory_limit`` (default: the pool's) may hold; ``None``: not bounded."""
+        limit = memory_limit or self.memory_limit
+        return None if limit is None else bound_bytes(limit)
 
     def _allocate_budget(self, size: int) -> tuple[tuple[int, ...], bool]:
         """Budgets: every cluster runs on all the pool's cores; their budgets must fit in them."""
@@ -287,6 +363,7 @@ class DuckDBClusterPool:
         """
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ClusterPoolError(f"The 'size' parameter must be an integer >= 1, got {size!r}.")
+        _check_size("memory_limit", memory_limit, allow_zero=False)
         with self._cond:
             if self._closed:
                 raise ClusterPoolError("The pool is closed.")
@@ -304,8 +381,22 @@ class DuckDBClusterPool:
                        "--size", str(threads), "--cores", ",".join(map(str, cores)), "--warmup-s", repr(self.warmup_s)]
             if cgroup is not None:
                 command += ["--cgroup-procs", str(cgroup.procs_file)]
-            if memory_limit or self.memory_limit:
-                command += ["--memory-limit", memory_limit or self.memory_limit]
+            limit = memory_limit or self.memory_limit
+            bound = self.memory_bound(limit)
+            group = None
+            if limit:
+                command += ["--memory-limit", limit]
+            if bound is not None and self._memory is not None:
+                try:
+                    group = self._memory.create(cluster_id, bound)
+                except ClusterPoolError:
+                    if cgroup is not None:
+                        self._budgets.remove(cgroup)
+                    raise
+                if cgroup is None or group.procs_file != cgroup.procs_file:  # v2: one group may hold both
+                    command += ["--cgroup-procs", str(group.procs_file)]
+            if bound is not None:  # with a cgroup too: an allocation of gigabytes fails at once, the query's alone
+                command += ["--rlimit-data", str(data_limit_bytes(bound))]
             if scratch_catalog is not None:  # its tables live in memory_limit: it never spills (the worker's rule)
                 command += ["--scratch", scratch_catalog]
             if self.temp_dir_limit is not None:
@@ -315,17 +406,21 @@ class DuckDBClusterPool:
             try:
                 temp_dir = self._cluster_temp_dir(cluster_id)
                 command += ["--temp-dir", str(temp_dir)]
+                env = None if bound is None else {**os.environ, **MALLOC_ENV}  # freed memory goes back
                 process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                           bufsize=1)
+                                           bufsize=1, env=env)
             except OSError:
                 if cgroup is not None:
                     self._budgets.remove(cgroup)
+                if group is not None:
+                    self._memory.remove(group)
                 raise
             cluster = _Cluster(
                 cluster_id=cluster_id, size=size, cores=cores, process=process,
                 requested_s=time.monotonic(),
                 oversubscribed=oversubscribed or (cgroup is None and threads > len(cores)),
-                cpu_budget=budget, cgroup=cgroup, temp_dir=temp_dir, scratch=scratch_catalog is not None)
+                cpu_budget=budget, cgroup=cgroup, temp_dir=temp_dir, scratch=scratch_catalog is not None,
+                memory_limit=limit, memory_bound=bound, memory_group=group)
             self._clusters[cluster_id] = cluster
             threading.Thread(target=self._read_results, args=(cluster,), daemon=True,
                              name=f"sloctl-pool-{cluster_id}").start()
@@ -368,6 +463,12 @@ class DuckDBClusterPool:
                     raise ClusterPoolError(f"The '{name}' parameter of a QueryRequest must be an integer >= 1, "
                                            f"got {value!r}.")
             message.update(stream=True, page_rows=request.page_rows, buffer_pages=request.buffer_pages)
+            if request.page_bytes is not None:
+                if isinstance(request.page_bytes, bool) or not isinstance(request.page_bytes, int) \
+                        or request.page_bytes < 1:
+                    raise ClusterPoolError(f"The 'page_bytes' parameter of a QueryRequest must be an integer >= 1 "
+                                           f"or None, got {request.page_bytes!r}.")
+                message["page_bytes"] = request.page_bytes
             if request.stream_timeout_s is not None:
                 message["stream_timeout_s"] = request.stream_timeout_s
         elif request.fetch:
@@ -377,6 +478,8 @@ class DuckDBClusterPool:
             if cluster.state != "ready":
                 raise ClusterPoolError(
                     f"Cluster {cluster_id!r} is {cluster.state}; queries need a ready cluster.")
+            if cluster.exited:
+                raise ClusterPoolError(f"Cluster {cluster_id!r} is gone (its worker exited).")
             cluster.running.add(request.query_id)
             if request.stream:
                 cluster.streams[request.query_id] = _Stream(request.on_page, raw=request.raw_pages)
@@ -452,7 +555,24 @@ class DuckDBClusterPool:
 
     def completions(self, timeout_s: float | None = None) -> list[QueryCompletion]:
         """Completions since the last call, waiting up to ``timeout_s`` for the first."""
-        return drain(self._completions, timeout_s)
+        out = drain(self._completions, timeout_s)
+        if out:
+            with self._cond:
+                self._taken += len(out)
+                for cluster in self._clusters.values():
+                    if cluster.exit_pending is not None and self._taken >= cluster.exit_pending[0]:
+                        self._publish_exit(cluster, cluster.exit_pending[1])
+                self._cond.notify_all()
+        return out
+
+    def _publish_exit(self, cluster: _Cluster, how: str) -> None:
+        """Show an exited worker's cluster as failed (or stopped, when torn down); under the lock."""
+        cluster.exit_pending = None
+        if cluster.state in ("starting", "ready"):
+            if cluster.stopping:
+                cluster.state = "stopped"
+            else:
+                cluster.state, cluster.failure = "failed", cluster.failure or how
 
     def tear_down(self, cluster_id: str, timeout_s: float = 15.0) -> None:
         """Stop the cluster's process; its cores become free again."""
@@ -504,6 +624,12 @@ class DuckDBClusterPool:
             except ClusterPoolError as exc:  # a stray process still in it: the next pool's start removes it
                 print(f"warning: {exc}", file=sys.stderr)
             cluster.cgroup = None
+        if cluster.memory_group is not None and self._memory is not None:
+            try:
+                self._memory.remove(cluster.memory_group)
+            except ClusterPoolError as exc:
+                print(f"warning: {exc}", file=sys.stderr)
+            cluster.memory_group = None
 
     def clusters(self) -> list[ClusterInfo]:
         """Every cluster this pool started, in start order."""
@@ -539,7 +665,7 @@ class DuckDBClusterPool:
         return ClusterInfo(cluster_id=c.cluster_id, size=c.size, cores=c.cores, state=c.state,
                            requested_s=c.requested_s, ready_s=c.ready_s, running=len(c.running),
                            oversubscribed=c.oversubscribed, cpu_budget=c.cpu_budget, pid=c.process.pid,
-                           failure=c.failure)
+                           failure=c.failure, memory_bound=c.memory_bound)
 
     @staticmethod
     def _send(cluster: _Cluster, message: dict[str, Any]) -> None:
@@ -566,6 +692,7 @@ class DuckDBClusterPool:
             with self._cond:
                 if kind == "done":
                     self._completions.put(self._completion(cluster, message))
+                    self._put += 1
                 elif kind == "columns":
                     stream = cluster.streams.get(message["query_id"])
                     if stream is not None:
@@ -585,13 +712,13 @@ class DuckDBClusterPool:
             returncode = None
         how = _exit_text(cluster.process.pid, returncode)
         t = time.monotonic()
+        killed_at_bound = (not cluster.stopping and cluster.memory_group is not None and returncode is not None
+                           and returncode < 0 and MemoryBounds.oom_killed(cluster.memory_group))
         with self._cond:
-            if cluster.state in ("starting", "ready"):
-                if cluster.stopping:
-                    cluster.state = "stopped"
-                else:
-                    cluster.state, cluster.failure = "failed", cluster.failure or how
-            error = (f"{_TORN_DOWN} ({how})" if cluster.stopping
+            cluster.exited = True
+            if killed_at_bound:
+                how = _memory_text(cluster, how)
+            error = (f"{_TORN_DOWN} ({how})" if cluster.stopping else how if killed_at_bound
                      else f"cluster {cluster.cluster_id} stopped while the query ran: {how}")
             for query_id in sorted(cluster.running):
                 stream = cluster.streams.get(query_id)
@@ -599,8 +726,19 @@ class DuckDBClusterPool:
                     query_id=query_id, cluster_id=cluster.cluster_id, start_s=t, end_s=t, status="error",
                     error=error, rows=stream.rows if stream is not None else 0,
                     oversubscribed=cluster.oversubscribed, cpu_budget=cluster.cpu_budget))
+                self._put += 1
+            handed_over = not cluster.running
             cluster.running.clear()
             cluster.streams.clear()
+            # a caller that reads completions, then states, must learn from the completions why its queries
+            # ended (a memory failure is never retried; a cluster that merely failed is): the state waits for
+            # them to be taken (completions() shows it then), for _HANDOVER_S at most
+            cluster.exit_pending = (self._put, how)
+            deadline = time.monotonic() + _HANDOVER_S
+            while not handed_over and cluster.exit_pending is not None and time.monotonic() < deadline:
+                self._cond.wait(deadline - time.monotonic())
+            if cluster.exit_pending is not None:
+                self._publish_exit(cluster, how)
             self._cond.notify_all()
 
     def _completion(self, cluster: _Cluster, message: dict[str, Any]) -> QueryCompletion:

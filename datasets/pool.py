@@ -49,6 +49,11 @@ class QueryRequest:
         page_rows: the most rows in one page (``stream`` only).
         buffer_pages: pages the worker may send before the first credit
             (``stream`` only).
+        page_bytes: the most bytes of JSON one page may hold (``stream``
+            only; ``None``: no bound but ``page_rows``). A worker cuts a page
+            that would be larger into smaller ones; a single row larger than
+            this fails the query with ``OutOfMemoryException`` (the
+            consumer's memory is bounded by bytes, not by rows).
         stream_timeout_s: once the first page has been sent, the query may
             run until this long after its start instead of ``timeout_s``
             (``stream`` only; ``None``: ``timeout_s`` throughout). Rows that
@@ -82,6 +87,7 @@ class QueryRequest:
     page_rows: int = 1000
     buffer_pages: int = 4
     stream_timeout_s: float | None = None
+    page_bytes: int | None = None
     on_page: Callable[[tuple[tuple[str, str], ...], Any], None] | None = None
     raw_pages: bool = False
     headers: Mapping[str, str] | None = None
@@ -156,7 +162,8 @@ class ClusterInfo:
     ``cpu_budget`` is the CPU it may use, in cores; ``pid`` its worker process
     (``None`` where a pool has no process); ``failure`` why it failed or
     stopped on its own (e.g. ``"worker process 123 was killed by signal 9
-    (SIGKILL)"``), else empty.
+    (SIGKILL)"``), else empty; ``memory_bound`` the bytes the operating system
+    lets its worker hold (``None``: not bounded, or a pool without workers).
     """
 
     cluster_id: str
@@ -170,6 +177,7 @@ class ClusterInfo:
     cpu_budget: float = float("nan")
     pid: int | None = None
     failure: str = ""
+    memory_bound: int | None = None
 
 
 class ClusterPool(Protocol):
