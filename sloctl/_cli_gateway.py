@@ -111,9 +111,15 @@ HealthInterval = Annotated[float, typer.Option("--health-interval", help="Second
 
 
 def backends_file(path: Path | None):
-    """The :class:`~sloctl.serving.gateway.backends.BackendSpec` list of a YAML file (``None``: none)."""
+    """The backends of a YAML file: ``(specs, allowed_urls)`` (``None``: ``((), None)``).
+
+    ``specs`` is its ``backends:`` list of
+    :class:`~sloctl.serving.gateway.backends.BackendSpec`; ``allowed_urls``
+    its optional ``allowed_urls:`` list, the addresses a backend added at run
+    time may have (``None``: the URLs of ``backends:``).
+    """
     if path is None:
-        return ()
+        return (), None
     import yaml
 
     from sloctl.serving.gateway.backends import backends_from_doc
@@ -127,10 +133,17 @@ def backends_file(path: Path | None):
                                  param_hint="--backends") from exc
     if not isinstance(doc, dict) or "backends" not in doc:
         raise typer.BadParameter(f"{path} must hold a mapping with a 'backends:' list", param_hint="--backends")
+    from sloctl.serving.gateway.auth import allowed_origins
+
     try:
-        return backends_from_doc(doc["backends"])
+        specs = backends_from_doc(doc["backends"])
+        allowed = doc.get("allowed_urls")
+        if allowed is not None:
+            allowed_origins(allowed)
+            allowed = tuple(allowed)
     except ValueError as exc:
         raise typer.BadParameter(f"{path}: {exc}", param_hint="--backends") from None
+    return specs, allowed
 
 
 def gateway_cmd(
@@ -169,7 +182,7 @@ def gateway_cmd(
     gateway_policy, table = load_gateway_policy(policy), slo_table(slo_log, kappa)
     templates = load_templates_table(templates_log or cfg.serve.templates_log)
     knobs = autoscaler_knobs(autoscaler)
-    specs = backends_file(backends)
+    specs, allowed_urls = backends_file(backends)
     auth = gateway_auth(password_file, jwt_key, jwt_issuer, jwt_audience, admin_user or [], insecure_auth)
     tls = tls_options(tls_cert, tls_key)
     _check_exposure(host, auth.enabled, bool(tls), insecure_auth, drain_grace_s)
@@ -183,7 +196,7 @@ def gateway_cmd(
         pool_options=cfg.warehouse.pool_options() if budgets else None, autoscaler=knobs,
         worker_memory_limit=memory_limit, drain_grace_s=drain_grace_s, catalog=catalog,
         scratch_memory_limit=None if memory_catalog == "off" else memory_catalog,
-        backends=specs, history_url=history_url,
+        backends=specs, allowed_urls=allowed_urls, history_url=history_url,
         history_retention_hours=history_retention_hours, health_interval_s=health_interval)
     try:
         options.validate()
@@ -223,6 +236,8 @@ def _announce(state: dict, address: str, database: str, log_dir: Path, auth, tls
     else:
         echo("authentication: OFF (loopback only): any local process may act as any user; "
              "see docs/gateway.md to turn it on")
+        echo(f"admin API: needs the token in {state.get('admin_token_file')} (mode 0600; header "
+             "X-Sloctl-Admin-Token; `sloctl gateway backends` reads it from --log-dir)")
     host, port = address.rsplit("://", 1)[1].rsplit(":", 1)
     echo(f"connect: trino.dbapi.connect(host={host!r}, port={port}, user='me', catalog={state.get('catalog')!r}, "
          "schema='main', client_tags=['high'])")

@@ -1,8 +1,12 @@
 """``sloctl gateway backends ...`` and ``sloctl gateway history``: manage and read a gateway (docs/gateway.md).
 
 ``backends`` talks to a running gateway's admin API (``/v1/gateway/backends``)
-as a user of its admin role; ``history`` reads the query history, through
-the gateway (``--url``) or straight from its database (``--history-url`` or
+as an admin: with authentication on, a user of its admin role
+(``--password-env``); with it off, the holder of the admin token the gateway
+wrote to ``LOG_DIR/admin.token`` at start (read from
+``$SLOCTL_GATEWAY_ADMIN_TOKEN``, else ``--admin-token-file``, else
+``--log-dir``'s file). ``history`` reads the query history, through the
+gateway (``--url``) or straight from its database (``--history-url`` or
 ``--log-dir``, also when the gateway is down).
 """
 
@@ -25,11 +29,44 @@ User = Annotated[str, typer.Option("--user", help="Who asks (a user of the gatew
 PasswordEnv = Annotated[str | None, typer.Option("--password-env", help="Name of the environment variable holding "
                                                  "the password (HTTP Basic; never on the command line).")]
 AsJson = Annotated[bool, typer.Option("--json", help="Print the answer as JSON.")]
+AdminLogDir = Annotated[Path, typer.Option("--log-dir", help="The gateway's log folder: its admin.token is the "
+                                           "admin token (authentication off).")]
+TokenFile = Annotated[Path | None, typer.Option("--admin-token-file", help="The admin token's file (default: "
+                                                "LOG_DIR/admin.token; $SLOCTL_GATEWAY_ADMIN_TOKEN wins over both).")]
 
 
-def _call(method: str, url: str, path: str, user: str, password_env: str | None, body: Any = None) -> Any:
-    """One admin API call; an error answer or an unreachable gateway is exit 2 with the gateway's words."""
+def _admin_token(password_env: str | None, log_dir: Path, token_file: Path | None) -> tuple[str | None, Any]:
+    """The admin token to send: none with a password (authentication on), else the variable's, else the file's.
+
+    Returns ``(token, missing)``: ``missing`` is the one-line error (a
+    ``typer.BadParameter``) to raise if the gateway asks for the token and
+    the log folder's file was not found; the gateway is asked first, so an
+    unreachable one is still named by ``--url``. A ``--admin-token-file``
+    that cannot be read is exit 2 at once.
+    """
+    from sloctl.serving.gateway.auth import ADMIN_TOKEN_ENV, ADMIN_TOKEN_FILE, read_admin_token
+
+    if password_env is not None:
+        return None, None
+    value = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+    if value:
+        return value, None
+    path = token_file if token_file is not None else log_dir / ADMIN_TOKEN_FILE
+    try:
+        return read_admin_token(path), None
+    except ValueError as exc:
+        if token_file is not None:  # a file named on the command line: say so now
+            raise typer.BadParameter(str(exc), param_hint="--admin-token-file") from None
+        return None, typer.BadParameter(str(exc), param_hint="--log-dir")
+
+
+def _call(method: str, url: str, path: str, user: str, password_env: str | None, body: Any = None,
+          token: tuple[str | None, Any] = (None, None)) -> Any:
+    """One admin API call (``token``: what :func:`_admin_token` found); an error answer or an unreachable gateway
+    is exit 2 with the gateway's words, a token asked for and not found exit 2 naming where it was looked for."""
     import httpx
+
+    from sloctl.serving.gateway.auth import ADMIN_TOKEN_HEADER
 
     auth = None
     if password_env is not None:
@@ -39,9 +76,11 @@ def _call(method: str, url: str, path: str, user: str, password_env: str | None,
         auth = (user, password)
     try:
         answer = httpx.request(method, url.rstrip("/") + path, json=body, auth=auth, timeout=30.0,
-                               headers={"X-Trino-User": user})
+                               headers={"X-Trino-User": user, **({ADMIN_TOKEN_HEADER: token[0]} if token[0] else {})})
     except httpx.HTTPError as exc:
         raise typer.BadParameter(f"cannot reach the gateway at {url} ({exc})", param_hint="--url") from None
+    if answer.status_code == 401 and token[1] is not None:
+        raise token[1]
     if answer.status_code >= 400:
         try:
             message = answer.json().get("error") or answer.text
@@ -60,9 +99,11 @@ def _show(rows: list[dict[str, Any]]) -> str:
 
 
 def backends_list(url: Url = "http://127.0.0.1:8081", user: User = "admin", password_env: PasswordEnv = None,
+                  log_dir: AdminLogDir = Path("gateway-logs"), admin_token_file: TokenFile = None,
                   as_json: AsJson = False) -> None:
     """The running gateway's backends: kind, size, group, state (active, unhealthy, draining, drained), running."""
-    rows = _call("GET", url, "/v1/gateway/backends", user, password_env)
+    token = _admin_token(password_env, log_dir, admin_token_file)
+    rows = _call("GET", url, "/v1/gateway/backends", user, password_env, token=token)
     typer.echo(json.dumps(rows) if as_json else _show(rows))
 
 
@@ -74,33 +115,41 @@ def backends_add(
     size: int = typer.Option(1, "--size", help="The size the router and the bill count it as."),
     group: str = typer.Option("default", "--group", help="Its routing group."),
     url: Url = "http://127.0.0.1:8081", user: User = "admin", password_env: PasswordEnv = None,
-    as_json: AsJson = False,
+    log_dir: AdminLogDir = Path("gateway-logs"), admin_token_file: TokenFile = None, as_json: AsJson = False,
 ) -> None:
-    """Add a backend to the running gateway (or re-activate a drained one); it takes queries once ready."""
+    """Add a backend to the running gateway (or re-activate a drained one); it takes queries once ready.
+
+    Its URL must be in the gateway's allow-list (``allowed_urls:`` of its backends file).
+    """
     from sloctl.serving.gateway.backends import backend_from_doc
 
+    token = _admin_token(password_env, log_dir, admin_token_file)
     doc = {"name": name, "kind": kind, "size": size, "url": backend_url, "group": group}
     try:
         backend_from_doc(doc)  # refuse here, naming the option, before asking the gateway
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    row = _call("POST", url, "/v1/gateway/backends", user, password_env, doc)
+    row = _call("POST", url, "/v1/gateway/backends", user, password_env, doc, token=token)
     typer.echo(json.dumps(row) if as_json else _show([row]))
 
 
 def backends_drain(name: str = typer.Argument(..., help="The backend's cluster id."),
                    url: Url = "http://127.0.0.1:8081", user: User = "admin", password_env: PasswordEnv = None,
+                   log_dir: AdminLogDir = Path("gateway-logs"), admin_token_file: TokenFile = None,
                    as_json: AsJson = False) -> None:
     """Stop placing queries on a backend; it is drained once what runs there has ended."""
-    row = _call("POST", url, f"/v1/gateway/backends/{name}/drain", user, password_env)
+    token = _admin_token(password_env, log_dir, admin_token_file)
+    row = _call("POST", url, f"/v1/gateway/backends/{name}/drain", user, password_env, token=token)
     typer.echo(json.dumps(row) if as_json else _show([row]))
 
 
 def backends_remove(name: str = typer.Argument(..., help="The backend's cluster id."),
                     url: Url = "http://127.0.0.1:8081", user: User = "admin", password_env: PasswordEnv = None,
+                    log_dir: AdminLogDir = Path("gateway-logs"), admin_token_file: TokenFile = None,
                     as_json: AsJson = False) -> None:
     """Drain a backend, then forget it."""
-    row = _call("DELETE", url, f"/v1/gateway/backends/{name}", user, password_env)
+    token = _admin_token(password_env, log_dir, admin_token_file)
+    row = _call("DELETE", url, f"/v1/gateway/backends/{name}", user, password_env, token=token)
     typer.echo(json.dumps(row) if as_json else f"{name}: {row.get('state')} (removed once nothing runs there)")
 
 

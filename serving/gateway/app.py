@@ -136,7 +136,8 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
                  "attempts": len(q.attempts), "cluster_id": q.attempts[-1]["cluster_id"] if q.attempts else None,
                  "router": gateway.router_kind()}
         next_index = index + 1 if rows is not None else index
-        more = q.state != "FAILED" and (not done or next_index < q.pages_received)
+        # a finished query whose pages were all read (or freed) has no more to give, whatever the index asked
+        more = q.state != "FAILED" and (not done or (next_index < q.pages_received and (rows is not None or q.pages)))
         state = q.state if not more else ("QUEUED" if q.state == "QUEUED" else "RUNNING")
         doc: dict[str, Any] = {"id": q.query_id, "infoUri": uri(request, f"/v1/query/{q.query_id}"),
                                "stats": stats_doc(state, elapsed_ms=int(1000 * (end - q.submitted_s)),
@@ -184,7 +185,8 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
         except ValueError as exc:
             return bad(str(exc), "x-trino-prepared-statement")
         trino = Session(catalog=(request.headers.get("x-trino-catalog") or "").lower() or None,
-                        schema=(request.headers.get("x-trino-schema") or "").lower() or None, prepared=prepared)
+                        schema=(request.headers.get("x-trino-schema") or "").lower() or None, prepared=prepared,
+                        user=principal.user or "", admin=bool(principal.is_admin))
         tags = [t.strip() for t in (request.headers.get("x-trino-client-tags") or "").split(",") if t.strip()]
         slo_header = request.headers.get("x-sloctl-slo-s")
         slo_s = None
@@ -199,10 +201,13 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
                    and k.lower() not in ("x-trino-user", "x-trino-original-user", "x-trino-routing-group")}
         forward["X-Trino-User"] = principal.user or "sloctl"
         group = request.headers.get("x-trino-routing-group") or None
+        # the text is parsed and translated in a planner process, waited for on a worker thread: a text whose
+        # planning is slow (or aimed at a parser's worst case) never holds the event loop that serves the others
+        verdict = await run_in_threadpool(gateway.plan_text, sql, trino)
         try:
             q = gateway.submit(sql, user=principal.user, tags=tags,
                                source=request.headers.get("x-trino-source"), session=session, slo_s=slo_s,
-                               trino=trino, forward=forward, group=group)
+                               trino=trino, forward=forward, group=group, verdict=verdict)
         except ValueError as exc:
             field = "x-sloctl-slo-s" if slo_header is not None else "x-trino-session"
             return bad(str(exc), field)
@@ -304,6 +309,24 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
                 "starting": False, "uptime": f"{time.time() - started:.0f}s"}
 
     async def admin(request: Request) -> Any:
+        """The principal of an admin request, or the refusal; one rule per mode (docs/gateway.md).
+
+        Authentication on: a user in ``--admin-user``, for every admin route.
+        Off (loopback only): the read views ``GET /v1/gateway`` and ``GET
+        /metrics`` stay open to any local user, and the backends (their list
+        too: it names every engine address) and every write need the admin
+        token the gateway wrote to ``LOG_DIR/admin.token``, sent as
+        ``X-Sloctl-Admin-Token``.
+        """
+        from sloctl.serving.gateway.auth import ADMIN_TOKEN_HEADER, check_admin_token
+
+        open_view = request.method == "GET" and request.url.path in ("/v1/gateway", "/metrics")
+        if not auth.enabled and not open_view:
+            try:
+                check_admin_token(request.headers.get(ADMIN_TOKEN_HEADER), gateway.options.log_dir)
+            except AuthError as exc:
+                return bad(exc.message, exc.field or ADMIN_TOKEN_HEADER.lower(), exc.status, exc.headers())
+            return auth.principal(request.headers.get("x-trino-user") or "admin")
         principal = await principal_of(request)
         if isinstance(principal, Response) or not auth.enabled or principal.is_admin:
             return principal
@@ -337,6 +360,8 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
         try:
             spec = backend_from_doc(doc, "backend")
             return await run_in_threadpool(gateway.add_backend, spec)
+        except AuthError as exc:  # a URL outside the operator's allow-list
+            return bad(exc.message, exc.field or "url", exc.status)
         except (ValueError, ClusterPoolError) as exc:
             return bad(str(exc), "body", 409 if "new or drained" in str(exc) else 400)
 

@@ -28,6 +28,15 @@ A principal acts as itself. ``X-Trino-User`` naming someone else is
 impersonation; only an admin (``admin_users``) may impersonate. A principal
 reads its own queries; an admin reads every query (:func:`may_read`).
 
+The admin API (``/v1/gateway/backends`` and every write under
+``/v1/gateway``) always needs an admin, one rule per mode: with
+authentication on, a user in ``admin_users``; with it off, the holder of the
+admin token (:func:`admin_token`), a random secret the gateway writes at start
+into ``LOG_DIR/admin.token`` (mode 0600, readable by its owner only) and a
+client sends as the ``X-Sloctl-Admin-Token`` header. A backend added through
+the API must sit at an address of the operator's allow-list
+(:func:`check_backend_url`).
+
 :meth:`GatewayAuth.authenticate` may run bcrypt (tens of milliseconds of CPU):
 call it from a thread (a plain ``def`` FastAPI dependency runs in the thread
 pool), never on the event loop.
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hashlib
 import hmac
 import ipaddress
@@ -55,15 +65,25 @@ from sloctl.core.errors import SloctlError
 
 __all__ = [
     "ADMIN_ROLE",
+    "ADMIN_TOKEN_ENV",
+    "ADMIN_TOKEN_FILE",
+    "ADMIN_TOKEN_HEADER",
+    "AdminToken",
     "AuthError",
     "GatewayAuth",
     "JwtVerifier",
     "PasswordFile",
     "Principal",
+    "admin_token",
+    "allowed_origins",
+    "check_admin_token",
+    "check_backend_url",
     "hash_password",
     "may_read",
+    "read_admin_token",
     "self_signed_cert",
     "set_password",
+    "url_origin",
 ]
 
 log = logging.getLogger(__name__)
@@ -697,6 +717,192 @@ class GatewayAuth:
             raise AuthError("The X-Trino-User header is required (the Trino client sends it).", status=400,
                             field="x-trino-user")
         return self.principal(user)
+
+
+# ---------------------------------------------------------------------------------------------- the admin token
+
+#: The header that carries the admin token (authentication off).
+ADMIN_TOKEN_HEADER = "X-Sloctl-Admin-Token"
+#: The token's file in the gateway's log folder.
+ADMIN_TOKEN_FILE = "admin.token"
+#: The environment variable ``sloctl gateway backends`` reads the token from, before the file.
+ADMIN_TOKEN_ENV = "SLOCTL_GATEWAY_ADMIN_TOKEN"
+
+_TOKENS: dict[str, AdminToken] = {}  # resolved log folder ("" without one) -> its token, for this process
+_TOKENS_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class AdminToken:
+    """The admin token of a gateway with authentication off, and the file that holds it.
+
+    Attributes:
+        value: the secret (``secrets.token_urlsafe(32)``: 256 random bits).
+        path: the file it was written to (mode 0600).
+    """
+
+    value: str = field(repr=False)
+    path: Path
+
+    def matches(self, presented: str | None) -> bool:
+        """Whether ``presented`` is the token (a constant-time comparison: the timing says nothing)."""
+        if not presented:
+            return False
+        return hmac.compare_digest(presented.strip().encode("utf-8", "surrogateescape"), self.value.encode())
+
+    def headers(self) -> dict[str, str]:
+        """The request header that presents it (for clients and tests)."""
+        return {ADMIN_TOKEN_HEADER: self.value}
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that no one but its owner can read it, at any instant.
+
+    A new file created with ``O_EXCL`` and mode 0600 next to ``path``, then
+    renamed over it: an existing file (or a link a stranger planted) is
+    replaced, never written through, and the content is never world-readable.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o600)  # where a platform ignores the mode of os.open
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def admin_token(log_dir: str | os.PathLike[str] | None, *, renew: bool = False) -> AdminToken:
+    """The admin token of the gateway logging to ``log_dir``, created and written on the first call.
+
+    ``renew`` writes a new one (``sloctl gateway`` does at every start, so a
+    token never outlives its gateway's process). Without a log folder the
+    file goes into a private temporary folder (mode 0700) and
+    :attr:`AdminToken.path` says where.
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    key = "" if log_dir is None else str(Path(log_dir).resolve())
+    with _TOKENS_LOCK:
+        token = _TOKENS.get(key)
+        if token is not None and not renew:
+            return token
+        if log_dir is None:
+            folder = Path(tempfile.mkdtemp(prefix="sloctl-gateway-admin-"))  # mode 0700
+        else:
+            folder = Path(log_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+        token = AdminToken(secrets.token_urlsafe(32), folder / ADMIN_TOKEN_FILE)
+        _write_private(token.path, token.value + "\n")
+        _TOKENS[key] = token
+        return token
+
+
+def check_admin_token(presented: str | None, log_dir: str | os.PathLike[str] | None) -> AdminToken:
+    """Accept a request of the admin API with authentication off only with the gateway's admin token.
+
+    Raises:
+        AuthError: 401 (no token sent) or 403 (a wrong one), naming the header and the file it lives in.
+    """
+    token = admin_token(log_dir)
+    where = f"the {ADMIN_TOKEN_HEADER} header must carry the token the gateway wrote to {token.path} at start " \
+            f"(readable by the gateway's user only; `sloctl gateway backends` reads it from there)"
+    if not presented:
+        raise AuthError(f"The admin API needs the admin token: {where}.", status=401,
+                        www_authenticate=f'{ADMIN_TOKEN_HEADER} realm="{REALM}"', field=ADMIN_TOKEN_HEADER.lower())
+    if not token.matches(presented):
+        raise AuthError(f"The admin token is wrong: {where}.", status=403, field=ADMIN_TOKEN_HEADER.lower())
+    return token
+
+
+def read_admin_token(path: str | os.PathLike[str]) -> str:
+    """The admin token in ``path`` (what ``sloctl gateway backends`` sends).
+
+    Raises:
+        ValueError: the file is missing, unreadable or empty, naming it.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read the gateway's admin token from {path} ({exc.strerror or exc}); "
+                         f"run as the gateway's user, or pass --admin-token-file or set {ADMIN_TOKEN_ENV}") from None
+    if not text or any(c.isspace() for c in text):
+        raise ValueError(f"{path} does not hold an admin token (one line, no spaces)")
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- backend allow-list
+
+_DEFAULT_PORTS = {"http": 80, "https": 443, "postgresql": 5432}
+
+
+def url_origin(url: str) -> tuple[str, str, int]:
+    """``(scheme, host, port)`` of a backend URL, normalised: ``postgres`` is ``postgresql``, the host in lower case,
+    the scheme's default port filled in. User, password, path and query do not count.
+
+    Raises:
+        ValueError: not a URL with a scheme the gateway knows and one host.
+    """
+    import urllib.parse
+
+    if not isinstance(url, str):
+        raise ValueError(f"a backend URL must be a string, got {url!r}")
+    try:
+        parts = urllib.parse.urlsplit(url.strip())
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"{url!r} is not a URL ({exc})") from None
+    scheme = parts.scheme.lower()
+    scheme = "postgresql" if scheme == "postgres" else scheme
+    host = (parts.hostname or "").lower().rstrip(".")
+    if scheme not in _DEFAULT_PORTS or not host or "," in host:
+        raise ValueError(f"{url!r} must be http(s)://host:port or postgresql://host:port/... (one host)")
+    return scheme, host, port if port is not None else _DEFAULT_PORTS[scheme]
+
+
+def allowed_origins(urls: Any, where: str = "allowed_urls") -> frozenset[tuple[str, str, int]]:
+    """The operator's allow-list (``allowed_urls:`` of the backends file) as normalised origins.
+
+    Raises:
+        ValueError: not a list of URLs, naming the entry (``where[i]``).
+    """
+    if isinstance(urls, str) or not isinstance(urls, (list, tuple)):
+        raise ValueError(f"The '{where}' field must be a list of backend URLs, got {urls!r}.")
+    out = set()
+    for i, url in enumerate(urls):
+        try:
+            out.add(url_origin(url))
+        except ValueError as exc:
+            raise ValueError(f"The '{where}[{i}]' entry {exc}.") from None
+    return frozenset(out)
+
+
+def check_backend_url(url: str | None, allowed: Any) -> None:
+    """Refuse a backend address the operator did not allow (``allowed``: URLs, matched by scheme, host and port).
+
+    A ``duckdb`` backend (no URL) is the gateway's own worker and always allowed.
+
+    Raises:
+        AuthError: 403 naming the ``url`` field and the allow-list.
+    """
+    if url is None:
+        return
+    origins = allowed_origins(list(allowed))
+    try:
+        origin = url_origin(url)
+    except ValueError as exc:
+        raise AuthError(f"The 'url' field is refused: {exc}.", status=403, field="url") from None
+    if origin not in origins:
+        listed = ", ".join(f"{s}://{h}:{p}" for s, h, p in sorted(origins)) or "empty: only duckdb backends"
+        shown = re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
+        raise AuthError(f"The 'url' field {shown!r} is not in the gateway's allow-list of backend addresses "
+                        f"(allowed_urls in the backends file; {listed}).", status=403, field="url")
 
 
 # ---------------------------------------------------------------------------------------------- TLS for trying it

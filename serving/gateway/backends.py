@@ -14,7 +14,20 @@ A gateway cluster is one of three kinds (``kind`` in a backend entry):
   (:class:`~sloctl.datasets.postgres_pool.PostgresClusterPool`, one
   connection pool per server): the client's Trino text translated to
   PostgreSQL by sqlglot, its tables looked up on the server's
-  ``search_path`` (catalog and schema qualifiers dropped).
+  ``search_path`` (catalog and schema qualifiers dropped, except
+  ``information_schema`` and ``pg_catalog``, which stay qualified).
+
+Engine roles. A PostgreSQL backend's role is checked when its pool is made
+(gateway start, every ``backends add``) and at every attach: a superuser, a
+member of ``pg_signal_backend``, ``pg_read_server_files`` and the like, or
+an owner of what it serves is refused with the statements that revoke it
+(:mod:`sloctl.datasets.pg_roles`), unless the entry's ``options`` say
+``allow_privileged_role: true``, which lets it through with a warning on
+stderr and in the backends view. A Trino coordinator does not tell what a
+user may do: the gateway forwards each client's user, and says once per
+backend that the coordinator's own access control must be least-privilege.
+Statements calling a function of the deny list
+(:mod:`sloctl.serving.gateway.denylist`) never reach any engine.
 
 ``size`` is what the router and the bill count the cluster as; for an
 engine the gateway does not start it comes from the config alone. Every
@@ -29,7 +42,8 @@ docs/gateway.md) or from the admin API at run time
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +55,8 @@ __all__ = ["BACKEND_KINDS", "BackendSpec", "backend_from_doc", "backends_from_do
 BACKEND_KINDS = ("duckdb", "trino", "postgresql")
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,62}$")
 _KNOWN = {"name", "kind", "size", "url", "group", "options"}
+#: Schemas a PostgreSQL backend keeps in a table's name: the server's own catalogs, not the gateway's schemas.
+_KEPT_SCHEMAS = ("information_schema", "pg_catalog")
 
 
 @dataclass(frozen=True)
@@ -95,11 +111,25 @@ class BackendSpec:
             raise ValueError(f"The '{where}.options' field must be a mapping, got {self.options!r}.")
 
     def public(self) -> dict[str, Any]:
-        """What the admin API shows: everything but a password in the URL."""
+        """What the admin API shows: everything but a password in the URL; ``warnings`` when there are some."""
         url = self.url
         if url is not None:
             url = re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", url)
-        return {"name": self.name, "kind": self.kind, "size": self.size, "url": url, "group": self.group}
+        out = {"name": self.name, "kind": self.kind, "size": self.size, "url": url, "group": self.group}
+        if self.warnings():
+            out["warnings"] = self.warnings()
+        return out
+
+    def warnings(self) -> list[str]:
+        """What an operator must know about this backend's privileges (said on stderr when its pool is made)."""
+        if self.kind == "trino":
+            return [f"backend {self.name!r}: the gateway forwards each client's user (X-Trino-User) to the Trino "
+                    f"coordinator at {self.url}; its own access control decides what that user may do there, "
+                    f"so make it least-privilege (docs/gateway.md, Engine roles)"]
+        if self.kind == "postgresql" and self.options.get("allow_privileged_role") is True:
+            return [f"backend {self.name!r}: allow_privileged_role is on: its PostgreSQL role is not held to "
+                    f"least privilege, and any client of the gateway may use what it holds"]
+        return []
 
 
 def backend_from_doc(doc: Any, where: str = "backend") -> BackendSpec:
@@ -130,16 +160,42 @@ def backends_from_doc(doc: Any) -> tuple[BackendSpec, ...]:
     return specs
 
 
-def engine_pool(spec: BackendSpec) -> Any:
-    """The pool that serves one ``trino`` or ``postgresql`` backend (one pool per backend)."""
+def _say(line: str) -> None:
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+#: How long the role check at ``backends add`` may wait for a connection (the gateway's lock is held meanwhile).
+ROLE_CHECK_TIMEOUT_S = 5.0
+
+
+def engine_pool(spec: BackendSpec, warn: Callable[[str], None] = _say) -> Any:
+    """The pool that serves one ``trino`` or ``postgresql`` backend (one pool per backend).
+
+    A PostgreSQL backend's role is checked here (see the module docstring):
+    the pool is not made for a role that holds too much. A server that does
+    not answer yet is checked when it attaches. Each warning (an override, a
+    role that does not default to read-only, a Trino backend's access
+    control) goes to ``warn`` (default: a ``warning:`` line on stderr).
+
+    Raises:
+        ClusterPoolError: the backend's role holds a privilege it must not (the message names the role and
+            what to revoke), or its options are not the pool's.
+    """
     if spec.kind == "trino":
         from sloctl.datasets.trino_pool import TrinoClusterPool
 
-        return TrinoClusterPool({spec.name: {"url": spec.url.rstrip("/"), "size": spec.size, **spec.options}})
+        pool = TrinoClusterPool({spec.name: {"url": spec.url.rstrip("/"), "size": spec.size, **spec.options}})
+        for line in spec.warnings():
+            warn(line)
+        return pool
     if spec.kind == "postgresql":
         from sloctl.datasets.postgres_pool import PostgresClusterPool
 
-        return PostgresClusterPool({spec.name: {"url": spec.url, "size": spec.size, **spec.options}})
+        pool = PostgresClusterPool({spec.name: {"url": spec.url, "size": spec.size, **spec.options}})
+        check = pool.check_role(spec.name, timeout_s=ROLE_CHECK_TIMEOUT_S)
+        for line in [] if check is None else check.notes():
+            warn(line)
+        return pool
     raise ValueError(f"The 'kind' of backend {spec.name!r} must be trino or postgresql for an engine pool, "
                      f"got {spec.kind!r}.")
 
@@ -171,24 +227,41 @@ def build_pool(db_path: str | Path, specs: Sequence[BackendSpec], duckdb_options
 def postgres_text(trino_sql: str) -> str:
     """A client's Trino statement for a PostgreSQL backend: tables unqualified, then translated by sqlglot.
 
+    Catalog and schema qualifiers are the gateway's (the server's
+    ``search_path`` finds the tables), except PostgreSQL's own
+    ``information_schema`` and ``pg_catalog``, kept so that their views answer.
+
     Raises:
-        ValueError: the statement cannot be parsed as Trino or written as PostgreSQL.
+        ValueError: the statement cannot be parsed as Trino or written as PostgreSQL, or it calls a function
+            of the deny list (:mod:`sloctl.serving.gateway.denylist`; the message names it and why).
     """
     import sqlglot
     from sqlglot import exp
     from sqlglot.errors import SqlglotError
 
     from sloctl.datasets.pg_dialect import CURSOR_KINDS, statement_kind, trino_to_postgres
+    from sloctl.serving.gateway.denylist import denied_call, denied_in_text
 
     kind = statement_kind(trino_sql)
     if kind not in (*CURSOR_KINDS, "EXPLAIN"):
         raise ValueError(f"A {kind or 'statement of this kind'} statement does not run on a PostgreSQL backend "
                          f"(queries only: {', '.join(CURSOR_KINDS)}, EXPLAIN; prepared statements are not passed on).")
+    denial = denied_in_text(trino_sql)
+    if denial is not None:
+        raise ValueError(denial.message)
     try:
         tree = sqlglot.parse_one(trino_sql, read="trino")
     except SqlglotError as exc:
         raise ValueError(f"The statement cannot be read as Trino SQL: {' '.join(str(exc).split())[:300]}") from exc
+    denial = denied_call(tree)
+    if denial is not None:
+        raise ValueError(denial.message)
     for table in tree.find_all(exp.Table):  # the server's search_path finds them (catalog and schema are the gateway's)
         table.set("catalog", None)
-        table.set("db", None)
-    return trino_to_postgres(tree.sql(dialect="trino"))
+        if table.db.lower() not in _KEPT_SCHEMAS:  # PostgreSQL's own schemas answer as they are
+            table.set("db", None)
+    text = trino_to_postgres(tree.sql(dialect="trino"))
+    denial = denied_in_text(text)
+    if denial is not None:
+        raise ValueError(denial.message)
+    return text

@@ -72,11 +72,19 @@ from sloctl.core.kinds import RouterKind
 from sloctl.datasets.plan_features import sql_hash
 from sloctl.datasets.pool import CANCELLED, QueryCompletion, QueryRequest, RawPage
 from sloctl.serving.controller import LATENCY, Controller, ModelSlot, PoolBackend
+from sloctl.serving.gateway.auth import check_backend_url
 from sloctl.serving.gateway.backends import BackendSpec, build_pool, engine_pool, postgres_text
-from sloctl.serving.gateway.dialect import Catalog, Session, plan
+from sloctl.serving.gateway.dialect import Catalog, Plan, Session
 from sloctl.serving.gateway.log import AttemptLog
+from sloctl.serving.gateway.planner import DEFAULT_PLAN_TIMEOUT_S, Planner
 from sloctl.serving.gateway.policy import GatewayPolicy
-from sloctl.serving.gateway.sql import DEFAULT_MAX_QUERY_LENGTH, trino_names
+from sloctl.serving.gateway.sql import (
+    DEFAULT_MAX_QUERY_LENGTH,
+    SESSION_PROPERTIES,
+    SLO_RANGE_S,
+    trino_names,
+    validate_session_value,
+)
 from sloctl.serving.gateway.trino import TrinoError, error
 
 __all__ = ["ROUTERS", "Gateway", "GatewayOptions", "GatewayQuery"]
@@ -84,20 +92,39 @@ __all__ = ["ROUTERS", "Gateway", "GatewayOptions", "GatewayQuery"]
 #: Placement policies the gateway can run: sloctl's router and the two Trino Gateway baselines.
 ROUTERS = ("sloctl", "least-queued", "random")
 
-#: DuckDB errors that come from the query itself (retrying elsewhere cannot help), as Trino names them
-#: (Trino's StandardErrorCode: a failed cast is INVALID_CAST_ARGUMENT, an overflow NUMERIC_VALUE_OUT_OF_RANGE, ...).
-_USER_ERRORS = {
-    "ParserException": "SYNTAX_ERROR", "SyntaxException": "SYNTAX_ERROR", "BinderException": "SYNTAX_ERROR",
-    "CatalogException": "SYNTAX_ERROR", "ConversionException": "INVALID_CAST_ARGUMENT",
-    "InvalidInputException": "INVALID_FUNCTION_ARGUMENT", "NotImplementedException": "NOT_SUPPORTED",
-    "OutOfRangeException": "NUMERIC_VALUE_OUT_OF_RANGE", "InvalidTypeException": "SYNTAX_ERROR",
-    "TypeMismatchException": "SYNTAX_ERROR", "DependencyException": "SYNTAX_ERROR",
+#: DuckDB errors that come from the query itself (retrying elsewhere cannot help), as Trino names them, by the
+#: exception class the worker names ("<class>: message"): the class's Trino name, then, where DuckDB's class is
+#: coarser than Trino's names (its exceptions carry no subtype), refinements by the message's first line: the
+#: first whose (start, phrase) it has gives the name. Plain string tests: a message can quote the client's text.
+_USER_ERRORS: dict[str, tuple[str, tuple[tuple[str, str, str], ...]]] = {
+    "ParserException": ("SYNTAX_ERROR", ()), "SyntaxException": ("SYNTAX_ERROR", ()),
+    "BinderException": ("SYNTAX_ERROR", (
+        ("Binder Error: Referenced column ", " not found", "COLUMN_NOT_FOUND"),
+        ("Binder Error: No function matches", "", "FUNCTION_NOT_FOUND"))),
+    "CatalogException": ("NOT_FOUND", (
+        ("Catalog Error: Table with name ", " already exists", "TABLE_ALREADY_EXISTS"),
+        ("Catalog Error: View with name ", " already exists", "TABLE_ALREADY_EXISTS"),
+        ("Catalog Error: Schema with name ", " already exists", "SCHEMA_ALREADY_EXISTS"),
+        ("Catalog Error: ", " already exists", "ALREADY_EXISTS"),
+        ("Catalog Error: Table with name ", " because schema ", "SCHEMA_NOT_FOUND"),
+        ("Catalog Error: Schema with name ", " does not exist", "SCHEMA_NOT_FOUND"),
+        ("Catalog Error: Table with name ", " does not exist", "TABLE_NOT_FOUND"),
+        ("Catalog Error: View with name ", " does not exist", "TABLE_NOT_FOUND"),
+        ("Catalog Error: ", "Function with name ", "FUNCTION_NOT_FOUND"),
+        ("Catalog Error: Type with name ", " does not exist", "TYPE_NOT_FOUND"))),
+    "ConversionException": ("INVALID_CAST_ARGUMENT", ()),
+    "InvalidInputException": ("INVALID_FUNCTION_ARGUMENT", (
+        ("Invalid Input Error: Cannot change configuration option", "", "PERMISSION_DENIED"),  # the sandbox's lock
+        ("", "Division by zero", "DIVISION_BY_ZERO"))),  # the translation's guard (serving/gateway/dialect.py)
+    "NotImplementedException": ("NOT_SUPPORTED", ()),
+    "OutOfRangeException": ("NUMERIC_VALUE_OUT_OF_RANGE", ()),
+    "InvalidTypeException": ("TYPE_MISMATCH", ()), "TypeMismatchException": ("TYPE_MISMATCH", ()),
+    "DependencyException": ("SCHEMA_NOT_EMPTY", ()), "ConstraintException": ("CONSTRAINT_VIOLATION", ()),
     # the worker's sandbox refused it (file access, COPY, ATTACH, INSTALL, a locked setting)
-    "PermissionException": "PERMISSION_DENIED",
+    "PermissionException": ("PERMISSION_DENIED", ()),
     # the worker's memory_limit: the query's failure, never the cluster's, and never retried
-    "OutOfMemoryException": "EXCEEDED_LOCAL_MEMORY_LIMIT",
+    "OutOfMemoryException": ("EXCEEDED_LOCAL_MEMORY_LIMIT", ()),
 }
-
 
 #: The cluster id of the ``memory`` catalog's scratch worker (never routed to, never autoscaled).
 SCRATCH = "scratch"
@@ -133,22 +160,21 @@ def _rows_json(rows: list[list[Any]]) -> str:
 
 
 def _query_error(message: str) -> TrinoError | None:
-    """The Trino error of an attempt that failed through its own fault, or ``None`` (retry may help)."""
-    name = _USER_ERRORS.get(message.split(":", 1)[0])
-    if name is None:
+    """The Trino error of an attempt that failed through its own fault, or ``None`` (retry may help).
+
+    ``message`` is the worker's ``"<DuckDB exception class>: <text>"``; the
+    class picks the entry of :data:`_USER_ERRORS`, its first refinement that
+    matches the text (if any) the name.
+    """
+    entry = _USER_ERRORS.get(message.split(":", 1)[0])
+    if entry is None:
         return None
-    if name == "SYNTAX_ERROR" and "lock_configuration" in message:
-        name = "PERMISSION_DENIED"  # a setting the sandbox locked
-    elif name == "SYNTAX_ERROR" and "Function with name" in message and "does not exist" in message:
-        name = "FUNCTION_NOT_FOUND"
-    elif name == "SYNTAX_ERROR" and re.search(r"[Ss]chema (with name )?\S+ does not exist", message):
-        name = "SCHEMA_NOT_FOUND"
-    elif name == "SYNTAX_ERROR" and re.search(r"Table with name \S+ does not exist", message):
-        name = "TABLE_NOT_FOUND"
-    elif name == "SYNTAX_ERROR" and 'Referenced column "' in message and "not found" in message:
-        name = "COLUMN_NOT_FOUND"
-    elif name == "INVALID_FUNCTION_ARGUMENT" and message.endswith("Division by zero"):
-        name = "DIVISION_BY_ZERO"  # the translation's guard (serving/gateway/dialect.py)
+    name, refinements = entry
+    # DuckDB's "Did you mean ...?" may name a table of another user of the memory catalog (dialect.scratch_table)
+    message = "\n".join(line for line in message.split("\n") if not line.startswith('Did you mean "u'))
+    first = message.split(":", 1)[-1].strip().split("\n", 1)[0]
+    name = next((refined for start, phrase, refined in refinements if first.startswith(start) and phrase in first),
+                name)
     if name == "PERMISSION_DENIED":
         message = f"Access Denied: {message}"
     elif name == "EXCEEDED_LOCAL_MEMORY_LIMIT":
@@ -202,6 +228,10 @@ class GatewayOptions:
             workers, ``trino`` coordinators, ``postgresql`` servers, each in a
             routing group); when given, ``cluster_sizes`` is not used. Empty:
             DuckDB workers ``c0``, ``c1``, ... of ``cluster_sizes``.
+        allowed_urls: the addresses a backend added through the admin API may
+            have (matched by scheme, host and port; ``allowed_urls:`` of the
+            backends file). ``None``: the URLs of ``backends`` (with none, only
+            ``duckdb`` backends may be added).
         history_url: the query history's database (an SQLAlchemy URL:
             ``sqlite:///PATH`` or ``postgresql://...``; :mod:`~sloctl.serving.gateway.history`).
             ``None``: ``<log_dir>/history.sqlite`` when there is a ``log_dir``, else no history.
@@ -210,6 +240,16 @@ class GatewayOptions:
             backend's health check runs; one that fails leaves routing (its
             running attempts are retried elsewhere within their class's
             budget) and comes back when it answers again.
+        plan_timeout_s: how long one text may take to plan (parse and
+            translate, in a planner process: :mod:`~sloctl.serving.gateway.planner`);
+            past it the query fails with ``EXCEEDED_TIME_LIMIT`` and the planner is replaced.
+        plan_processes: planner processes (texts planned at once).
+        buffer_bytes: result bytes (encoded pages) a query may hold at the
+            gateway; a DuckDB worker cuts its pages at ``buffer_bytes /
+            buffer_pages`` bytes, and a single row larger than that fails the
+            query with ``EXCEEDED_LOCAL_MEMORY_LIMIT``.
+        user_buffer_bytes: result bytes all of one user's queries may hold at
+            the gateway; past it that user's workers wait for the user to read.
         scratch_memory_limit: the ``memory`` catalog: one scratch worker per
             gateway whose in-memory database clients may write (``CREATE
             TABLE memory.default.t AS ...``), bounded by this DuckDB size,
@@ -246,7 +286,12 @@ class GatewayOptions:
     drain_grace_s: float = 30.0
     catalog: str | None = None
     scratch_memory_limit: str | None = "256MB"
+    plan_timeout_s: float = DEFAULT_PLAN_TIMEOUT_S
+    plan_processes: int = 2
+    buffer_bytes: int = 16 << 20
+    user_buffer_bytes: int = 64 << 20
     backends: tuple[BackendSpec, ...] = ()
+    allowed_urls: tuple[str, ...] | None = None
     health_interval_s: float = 2.0
     history_url: str | None = None
     history_retention_hours: float = 24.0
@@ -266,7 +311,8 @@ class GatewayOptions:
         if self.catalog is not None and not re.fullmatch(r"[a-z_][a-z0-9_]*", self.catalog):
             raise ValueError(f"The 'catalog' option of the gateway must be a lower-case Trino identifier "
                              f"([a-z_][a-z0-9_]*), got {self.catalog!r}.")
-        for name in ("page_rows", "max_query_length", "buffer_pages"):
+        for name in ("page_rows", "max_query_length", "buffer_pages", "plan_processes", "buffer_bytes",
+                     "user_buffer_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"The '{name}' option of the gateway must be >= 1, got {getattr(self, name)!r}.")
         seen: set[str] = set()
@@ -276,8 +322,12 @@ class GatewayOptions:
                 raise ValueError(f"The 'backends[{i}].name' option of the gateway must be unique, got {spec.name!r} "
                                  f"twice.")
             seen.add(spec.name)
+        if self.buffer_bytes < 1024 * self.buffer_pages:
+            raise ValueError(f"The 'buffer_bytes' option of the gateway must allow at least 1 KB a page "
+                             f"({1024 * self.buffer_pages} for buffer_pages {self.buffer_pages}), "
+                             f"got {self.buffer_bytes!r}.")
         for name in ("max_wait_s", "result_ttl_s", "explain_timeout_s", "drain_grace_s", "health_interval_s",
-                     "history_retention_hours"):
+                     "history_retention_hours", "plan_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"The '{name}' option of the gateway must be > 0, got {getattr(self, name)!r}.")
         bad = {t: s for t, s in self.slo_table.items() if not (isinstance(s, int | float) and s > 0)}
@@ -326,6 +376,11 @@ class GatewayQuery:
     group: str | None = None  # the routing group its attempts run in (None: any backend)
     trino_types: bool = False  # its columns' types are Trino's own (a trino backend answered), not DuckDB's
     pg_sql: str | None = None  # its text for a postgresql backend (translated once, on first use)
+    held_bytes: int = 0  # bytes of the result pages it holds at the gateway
+    owed_credits: int = 0  # pages its worker may send once its user's buffer has room again
+    user_slot: bool = False  # it holds one of its user's running slots (policy user_max_running)
+    scratch: bool = False  # it runs on the memory catalog's worker
+    page_error: TrinoError | None = None  # a page broke the gateway's byte bound: the query fails with this
     slug: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     done: threading.Event = field(default_factory=threading.Event)
     changed: threading.Event = field(default_factory=threading.Event)
@@ -400,6 +455,13 @@ class Gateway:
         self.counts = {"submitted": 0, "admitted": 0, "deferred": 0, "shed": 0, "forced": 0, "retries": 0,
                        "cancelled": 0, "finished": 0, "failed": 0, "refused": 0, "abandoned": 0,
                        "run_time_exceeded": 0, "memory_exceeded": 0}
+        self.counts["user_queue_full"] = 0
+        self.user_running: dict[str, int] = {}  # user -> queries holding one of its running slots
+        self.user_waiting: dict[str, deque[GatewayQuery]] = {}  # user -> queries waiting for a slot
+        self.user_bytes: dict[str, int] = {}  # user -> result bytes held at the gateway
+        self.user_owing: dict[str, set[GatewayQuery]] = {}  # user -> queries whose credits wait for room
+        self._starting_waiting = False
+        self._bytes_lock = threading.Lock()
         self._attempt_ids = itertools.count(1)
         self._query_ids = itertools.count(1)
         self.outcomes: dict[tuple[str, str, str], int] = {}  # (class, state, outcome or error name) -> queries
@@ -430,6 +492,7 @@ class Gateway:
         self.catalog = Catalog(opts.catalog or re.sub(r"\W", "_", self.db_path.name.split(".duckdb")[0]).lower(),
                                scratch=opts.scratch_memory_limit is not None)
         self.scratch_attempts: dict[int, GatewayQuery] = {}  # attempts on the memory catalog's worker
+        self.planner = Planner(self.catalog, processes=opts.plan_processes, timeout_s=opts.plan_timeout_s).start()
         specs = opts.backends or tuple(BackendSpec(f"c{i}", "duckdb", size)
                                        for i, size in enumerate(opts.cluster_sizes))
         #: every backend by name: what it is (BackendSpec) and where it stands (active, unhealthy, draining, drained)
@@ -449,6 +512,7 @@ class Gateway:
                 self.pool.wait_ready(cid, timeout_s=120.0)
         except BaseException:
             self.pool.close()
+            self.planner.close()
             raise
         self.base = time.monotonic()
         self.wall_base = time.time()  # the gateway clock's zero on the wall clock (the history's timestamps)
@@ -500,10 +564,17 @@ class Gateway:
             for _, q in self.gate.drain():
                 self._finish(q, now, error("NO_NODES_AVAILABLE", "The sloctl gateway shut down while the query "
                                            "waited."), "shed")
+            waiting = [q for queue_ in self.user_waiting.values() for q in queue_]
+            self.user_waiting.clear()
+            for q in waiting:
+                if not q.done.is_set():
+                    self._finish(q, now, error("NO_NODES_AVAILABLE", "The sloctl gateway shut down while the "
+                                               "query waited for its user's running queries."), "shed")
         self.control.close()
         with contextlib.suppress(Exception):  # plan the texts while the workers still run (failures are counted)
             self.flush_log()
         self.pool.close()
+        self.planner.close()
         with self.lock:
             for attempt_id, (_, cid) in list(self.attempts.items()):
                 self._attempt_ended(attempt_id, QueryCompletion(attempt_id, cid, time.monotonic(), time.monotonic(),
@@ -669,7 +740,7 @@ class Gateway:
     def submit(self, sql: str, *, user: str = "", tags: list[str] | None = None, source: str | None = None,
                session: Mapping[str, str] | None = None, slo_s: float | None = None,
                trino: Session | None = None, forward: Mapping[str, str] | None = None,
-               group: str | None = None) -> GatewayQuery:
+               group: str | None = None, verdict: Plan | None = None) -> GatewayQuery:
         """Translate, then admit (place, defer or shed) one client query; returns at once.
 
         The text is planned first (:func:`~sloctl.serving.gateway.dialect.plan`
@@ -682,26 +753,40 @@ class Gateway:
 
         ``forward`` holds the client's ``X-Trino-*`` headers, sent on with
         the text to a ``trino`` backend; ``group`` a routing group the client
-        asked for (``X-Trino-Routing-Group``), else its class's.
+        asked for (``X-Trino-Routing-Group``), else its class's. ``verdict``:
+        the text's plan when the caller already has it (:meth:`plan_text`,
+        which the HTTP door calls on a worker thread); else it is planned here.
+
+        A session property with a bad value (``X-Trino-Session``) fails the
+        query with ``INVALID_SESSION_PROPERTY``; a user with
+        ``user_max_running`` queries running waits in its own queue, and one
+        with ``user_max_queued`` waiting too is refused with ``QUERY_QUEUE_FULL``.
 
         Raises:
-            ValueError: a bad session property (``slo_s`` not a number > 0), or
+            ValueError: a bad ``slo_s`` argument (the ``X-Sloctl-Slo-S`` header), or
                 a text longer than ``max_query_length`` (the caller answers 413).
         """
         if len(sql) > self.options.max_query_length:
             raise ValueError(f"The query text is {len(sql)} characters long; the gateway takes at most "
                              f"{self.options.max_query_length} (max_query_length).")
         session = dict(session or {})
-        if slo_s is None and "slo_s" in session:
+        low, high = SLO_RANGE_S
+        if slo_s is not None and not (math.isfinite(slo_s) and low <= slo_s <= high):
+            raise ValueError(f"The SLO (X-Sloctl-Slo-S) must be a number of seconds from {low:g} to "
+                             f"{high:g}, got {slo_s!r}.")
+        bad_session = None
+        for name, value in session.items():
+            if name not in SESSION_PROPERTIES:
+                continue  # a Trino session property a trino backend gets with the text; the gateway's own only
             try:
-                slo_s = float(session["slo_s"])
-            except ValueError:
-                raise ValueError(f"The session property 'slo_s' must be a number of seconds > 0, "
-                                 f"got {session['slo_s']!r}.") from None
-        if slo_s is not None and not (math.isfinite(slo_s) and slo_s > 0):
-            raise ValueError(f"The SLO (session property 'slo_s' or X-Sloctl-Slo-S) must be a number of seconds "
-                             f"> 0, got {slo_s!r}.")
-        verdict = plan(sql, self.catalog, trino)
+                session[name] = validate_session_value(name, value)
+            except ValueError as exc:
+                bad_session, session = str(exc), {}
+                break
+        if slo_s is None and "slo_s" in session:
+            slo_s = float(session["slo_s"])
+        if verdict is None:
+            verdict = self.plan_text(sql, trino)
         with self.lock:
             now = self.now_s()
             klass = self.classify(tags or [], session.get("query_class", source), user)
@@ -720,6 +805,9 @@ class Gateway:
             if self.draining:
                 self._finish(q, now, error("SERVER_SHUTTING_DOWN", "The sloctl gateway is shutting down: it takes "
                                            "no new queries."), "refused")
+            elif bad_session is not None:
+                self.counts["refused"] += 1
+                self._finish(q, now, error("INVALID_SESSION_PROPERTY", bad_session), "refused")
             elif q.group is not None and q.group not in self.groups() and verdict.kind == "query":
                 self.counts["refused"] += 1
                 self._finish(q, now, error("NO_NODES_AVAILABLE", f"Routing group {q.group!r} has no backend "
@@ -731,11 +819,65 @@ class Gateway:
                 q.columns = list(verdict.columns)
                 self._add_page(q, None, list(verdict.columns), [list(r) for r in verdict.rows])
                 self._finish(q, now, None, "session")
-            elif verdict.target == "scratch":
-                self._run_scratch(q, now)
             else:
-                self._admit(q, now)
+                q.scratch = verdict.target == "scratch"
+                self._user_gate(q, now)
             return q
+
+    def plan_text(self, sql: str, trino: Session | None = None) -> Plan:
+        """``sql`` planned in the client's session by a planner process, within ``plan_timeout_s`` (blocking)."""
+        return self.planner.plan(sql, trino)
+
+    # -- per-user limits (Trino resource groups' hardConcurrencyLimit and maxQueued, per user) --------
+    def _user_gate(self, q: GatewayQuery, now: float) -> None:
+        """Run ``q`` if its user has a running slot free, else queue it in the user's queue, else refuse it."""
+        user = q.user
+        if self.user_running.get(user, 0) < self.policy.user_max_running:
+            self._user_start(q, now)
+            return
+        waiting = self.user_waiting.setdefault(user, deque())
+        if len(waiting) >= self.policy.user_max_queued:
+            if not waiting:
+                del self.user_waiting[user]
+            self.counts["refused"] += 1
+            self.counts["user_queue_full"] += 1
+            self._finish(q, now, error("QUERY_QUEUE_FULL", (
+                f"Too many queued queries for user {user!r}: {self.user_running.get(user, 0)} running "
+                f"(user_max_running {self.policy.user_max_running}) and {len(waiting)} queued "
+                f"(user_max_queued {self.policy.user_max_queued}).")), "refused")
+            return
+        waiting.append(q)
+
+    def _user_start(self, q: GatewayQuery, now: float) -> None:
+        q.user_slot = True
+        self.user_running[q.user] = self.user_running.get(q.user, 0) + 1
+        if q.scratch:
+            self._run_scratch(q, now)
+        else:
+            self._admit(q, now)
+
+    def _user_done(self, q: GatewayQuery) -> None:
+        """``q`` ended: free its user's slot and start that user's next waiting queries (lock held)."""
+        if q.user_slot:
+            q.user_slot = False
+            left = self.user_running.get(q.user, 1) - 1
+            if left > 0:
+                self.user_running[q.user] = left
+            else:
+                self.user_running.pop(q.user, None)
+        if self._starting_waiting:  # a query started below ended at once: the loop there picks up the rest
+            return
+        self._starting_waiting = True
+        try:
+            waiting = self.user_waiting.get(q.user)
+            while waiting and self.user_running.get(q.user, 0) < self.policy.user_max_running:
+                nxt = waiting.popleft()
+                if not nxt.done.is_set():
+                    self._user_start(nxt, self.now_s())
+            if waiting is not None and not waiting:
+                self.user_waiting.pop(q.user, None)
+        finally:
+            self._starting_waiting = False
 
     def _run_scratch(self, q: GatewayQuery, now: float) -> None:
         """A statement on the ``memory`` catalog: straight to the scratch worker (no routing, not logged)."""
@@ -748,7 +890,7 @@ class Gateway:
         try:
             self.pool.submit(SCRATCH, QueryRequest(
                 attempt_id, q.sql, timeout_s=timeout, stream=True, page_rows=self.options.page_rows,
-                buffer_pages=self.options.buffer_pages, raw_pages=True,
+                buffer_pages=self.options.buffer_pages, page_bytes=self.page_bytes, raw_pages=True,
                 on_page=lambda columns, rows, q=q, a=attempt_id: self._add_page(q, a, columns, rows)))
         except ClusterPoolError as exc:
             self.scratch_attempts.pop(attempt_id, None)
@@ -762,7 +904,9 @@ class Gateway:
                               end_s=end)
         if q.done.is_set():
             return
-        if done.status == "ok":
+        if q.page_error is not None:
+            self._finish(q, end, q.page_error, "failed")
+        elif done.status == "ok":
             if q.columns is None:
                 q.columns = trino_names(q.names, [(str(n), str(t)) for n, t in done.columns or ()])
             if q.rows == 0 and [t for _, t in q.columns or []] in ([], ["BOOLEAN"]):
@@ -861,8 +1005,9 @@ class Gateway:
         try:
             self.pool.submit(cid, QueryRequest(
                 attempt_id, sql, timeout_s=timeout, stream=True, page_rows=self.options.page_rows,
-                buffer_pages=self.options.buffer_pages, stream_timeout_s=max(timeout, left), headers=headers,
-                raw_pages=True, on_page=lambda columns, rows, q=q, a=attempt_id, k=kind: self._add_page(
+                buffer_pages=self.options.buffer_pages, page_bytes=self.page_bytes,
+                stream_timeout_s=max(timeout, left), headers=headers, raw_pages=True,
+                on_page=lambda columns, rows, q=q, a=attempt_id, k=kind: self._add_page(
                     q, a, columns, rows, trino_types=k == "trino")))
         except ClusterPoolError as exc:  # the cluster went away between the decision and the hand-over
             t = time.monotonic()
@@ -876,7 +1021,18 @@ class Gateway:
         The first page commits the query to its attempt: rows the client may
         already have read cannot be taken back, so a later failure is not retried.
         """
+        page = rows if isinstance(rows, RawPage) else RawPage(_rows_json(rows), len(rows))
+        size = len(page.json)
+        limit = self.page_bytes
+        if attempt_id is not None and size > limit:  # an engine that does not cut its pages by bytes
+            q.page_error = error("EXCEEDED_LOCAL_MEMORY_LIMIT", (
+                f"Query exceeded the gateway's result buffer: a page of {page.count} row(s) is {size} bytes, "
+                f"more than the {limit} bytes a page may hold (buffer_bytes {self.options.buffer_bytes} / "
+                f"buffer_pages {self.options.buffer_pages})."))
+            raise MemoryError(q.page_error.message)  # the pool cancels the attempt; it ends with page_error
         with q.page_lock:
+            if q.done.is_set() and q.error is not None:
+                return  # a page in flight when the query was cancelled or failed: nobody will read it
             if q.streaming_attempt is None:
                 q.streaming_attempt = attempt_id
             elif q.streaming_attempt != attempt_id:
@@ -885,12 +1041,61 @@ class Gateway:
                 q.trino_types = trino_types
                 q.columns = [(str(n), str(t)) for n, t in columns] if trino_types else trino_names(
                     q.names, [(str(n), str(t)) for n, t in columns])
-            page = rows if isinstance(rows, RawPage) else RawPage(_rows_json(rows), len(rows))
             if page.count:
                 q.pages[q.pages_received] = page
                 q.pages_received += 1
                 q.rows += page.count
+                q.held_bytes += size
+                held = True
+            else:
+                held = False
+        if held:
+            with self._bytes_lock:
+                self.user_bytes[q.user] = self.user_bytes.get(q.user, 0) + size
         q.changed.set()
+
+    @property
+    def page_bytes(self) -> int:
+        """The most bytes one result page may hold: ``buffer_bytes / buffer_pages``."""
+        return self.options.buffer_bytes // self.options.buffer_pages
+
+    def _drop_pages(self, q: GatewayQuery, below: int | None = None) -> list[int]:
+        """Free ``q``'s pages (those before index ``below``; all when ``None``); returns the freed indexes."""
+        with q.page_lock:
+            freed = [i for i in q.pages if below is None or i < below]
+            size = 0
+            for i in freed:
+                size += len(q.pages.pop(i).json)
+            q.held_bytes -= size
+        if size:
+            with self._bytes_lock:
+                left = self.user_bytes.get(q.user, 0) - size
+                if left > 0:
+                    self.user_bytes[q.user] = left
+                else:
+                    self.user_bytes.pop(q.user, None)
+        return freed
+
+    def _credit(self, q: GatewayQuery, pages: int) -> None:
+        """Let ``q``'s worker send ``pages`` more, now if its user's buffer has room, else once it has."""
+        owed: list[tuple[GatewayQuery, int]] = []
+        with self._bytes_lock:
+            q.owed_credits += pages
+            self.user_owing.setdefault(q.user, set()).add(q)
+            if self.user_bytes.get(q.user, 0) < self.options.user_buffer_bytes:
+                for other in self.user_owing.pop(q.user, set()):
+                    owed.append((other, other.owed_credits))
+                    other.owed_credits = 0
+        for other, n in owed:
+            attempt = other.streaming_attempt
+            if n <= 0 or attempt is None or other.done.is_set():
+                continue
+            with self.lock:
+                placed = self.attempts.get(attempt) or (
+                    (other, SCRATCH) if attempt in self.scratch_attempts else None)
+            if placed is not None:
+                with contextlib.suppress(ClusterPoolError, AttributeError):
+                    self.pool.credit(placed[1], attempt, n)
 
     def page(self, q: GatewayQuery, index: int) -> RawPage | None:
         """Page ``index`` of ``q``'s result (its rows as JSON text), freeing the pages before it (the client read
@@ -900,19 +1105,16 @@ class Gateway:
         lets the worker send one more: the buffer per query stays at
         ``buffer_pages``.
         """
+        freed = self._drop_pages(q, index)
         with q.page_lock:
-            freed = [i for i in q.pages if i < index]
-            for i in freed:
-                del q.pages[i]
             rows = q.pages.get(index)
-            attempt = q.streaming_attempt
-        if freed and attempt is not None and not q.done.is_set():
-            with self.lock:
-                placed = self.attempts.get(attempt) or (
-                    (q, SCRATCH) if attempt in self.scratch_attempts else None)
-            if placed is not None:
-                with contextlib.suppress(ClusterPoolError, AttributeError):
-                    self.pool.credit(placed[1], attempt, len(freed))
+        if rows is not None and q.done.is_set() and index >= q.pages_received - 1:
+            freed += self._drop_pages(q)  # the last page: its client has it and will not come back for it
+        if freed and q.done.is_set() and q.user_slot and not q.pages:
+            with self.lock:  # its last pages were read: its user's slot is free
+                self._user_done(q)
+        elif freed and q.streaming_attempt is not None and not q.done.is_set():
+            self._credit(q, len(freed))
         return rows
 
     def touch(self, q: GatewayQuery) -> None:
@@ -1056,8 +1258,9 @@ class Gateway:
         limit = self.policy.client_timeout_s
         for q in [q for q in self.queries.values() if now - q.polled_s > limit]:
             if q.done.is_set():
-                with q.page_lock:
-                    q.pages.clear()
+                if q.pages:
+                    self._drop_pages(q)
+                    self._user_done(q)
                 continue
             self.counts["abandoned"] += 1
             self._cancel_locked(q, error("ABANDONED_QUERY", (
@@ -1076,6 +1279,10 @@ class Gateway:
         if q.done.is_set():  # cancelled, abandoned or shut down while it ran
             return
         kind = self.kind_of(cid)
+        if q.page_error is not None:  # a page broke the byte bound: the query's own fault, never retried
+            self.counts["memory_exceeded"] += 1
+            self._finish(q, end, q.page_error, q.outcome)
+            return
         if done.status == "ok":
             if q.columns is None and done.columns is not None:
                 q.trino_types = kind == "trino"
@@ -1132,6 +1339,14 @@ class Gateway:
         self._remember(q)
         q.done.set()
         q.changed.set()
+        if not q.pages:  # a finished query holding unread pages keeps its user's slot until they are read
+            self._user_done(q)
+        with self._bytes_lock:
+            owing = self.user_owing.get(q.user)
+            if owing is not None:
+                owing.discard(q)
+                if not owing:
+                    del self.user_owing[q.user]
 
     def _release(self, now: float, *, look: bool = True) -> None:
         """Deferred queries: shed the expired, place those a cluster is now predicted to meet.
@@ -1159,7 +1374,9 @@ class Gateway:
     def _expire(self, now: float) -> None:
         ttl = self.options.result_ttl_s
         for qid in [qid for qid, q in self.queries.items() if q.end_s is not None and now - q.end_s > ttl]:
-            del self.queries[qid]
+            q = self.queries.pop(qid)
+            self._drop_pages(q)
+            self._user_done(q)
 
     # -- client actions ----------------------------------------------------------------
     def get(self, query_id: str) -> GatewayQuery | None:
@@ -1170,6 +1387,9 @@ class Gateway:
         """Cancel a query (``DELETE`` on its ``nextUri``): leave its queue, or interrupt its attempt."""
         with self.lock:
             q = self.queries.get(query_id)
+            if q is not None and q.done.is_set():  # its result is no longer wanted: free it now
+                self._drop_pages(q)
+                self._user_done(q)
             if q is None or q.done.is_set():
                 return q is not None
             q.cancelled = True
@@ -1183,9 +1403,12 @@ class Gateway:
         self.gate.remove(q)
         running = [(aid, cid) for aid, (other, cid) in self.attempts.items() if other is q] + [
             (aid, SCRATCH) for aid, other in self.scratch_attempts.items() if other is q]
+        waiting = self.user_waiting.get(q.user)
+        if waiting is not None and q in waiting:
+            waiting.remove(q)
         self._finish(q, self.now_s(), err, outcome)
-        with q.page_lock:
-            q.pages.clear()
+        self._drop_pages(q)  # after _finish: a page still in flight sees the query failed and is not kept
+        self._user_done(q)
         for attempt_id, cid in running:  # the worker answers with a completion; nothing here waits for it
             with contextlib.suppress(ClusterPoolError):
                 self.pool.cancel(cid, attempt_id)
@@ -1343,8 +1566,24 @@ class Gateway:
 
         Raises:
             ValueError: a bad entry, or a name in use by another backend that is not drained.
+            AuthError: (403) its URL is not in ``options.allowed_urls``.
         """
         spec.validate("backend")
+        allowed = self.options.allowed_urls
+        check_backend_url(spec.url, [b.url for b in self.options.backends if b.url] if allowed is None else allowed)
+        # an engine's pool is made (and its role checked: a connection and a few catalog queries) outside the
+        # gateway lock, which every query's placement takes
+        new_pool = engine_pool(spec) if spec.kind != "duckdb" else None
+        try:
+            self._add_backend_locked(spec, new_pool)
+        except BaseException:
+            if new_pool is not None:
+                with contextlib.suppress(Exception):
+                    new_pool.close()
+            raise
+        return next(b for b in self.backends_view() if b["name"] == spec.name)
+
+    def _add_backend_locked(self, spec: BackendSpec, new_pool: Any) -> None:
         with self.lock:
             old = self.backends.get(spec.name)
             if old is not None and self.backend_state.get(spec.name) != "drained":
@@ -1357,13 +1596,12 @@ class Gateway:
             if spec.kind == "duckdb":
                 self.pool.own(spec.name, "duckdb")
             else:
-                self.pool.add(spec.name, engine_pool(spec), (spec.name,))
+                self.pool.add(spec.name, new_pool, (spec.name,))
             self.backends[spec.name] = spec
             self.pool.spin_up(spec.size, cluster_id=spec.name)
             self.backend_state[spec.name] = "active"
             self.managed.add_cluster(spec.name, spec.size, spun_up_s=self.now_s(), ready_s=None)
             self.managed.events.append({"t": self.now_s(), "event": "backend_added", "cluster_id": spec.name})
-        return next(b for b in self.backends_view() if b["name"] == spec.name)
 
     def drain_backend(self, name: str, *, remove: bool = False) -> dict[str, Any]:
         """Stop placing queries on ``name``; once its running attempts end it is drained (``remove``: forgotten).
@@ -1470,7 +1708,10 @@ class Gateway:
                 "attempt_latency": self.attempt_latency.doc(),
                 "autoscaler": self.autoscaler_note, "dispatch_errors": list(self.dispatch_errors),
                 "policy": self.policy.to_doc(), "slots": slots, "counts": dict(self.counts),
-                "waiting": self.gate.waiting(),
+                "waiting": self.gate.waiting(), "planner": self.planner.status(),
+                "users": {"running": sum(self.user_running.values()),
+                          "queued": sum(len(w) for w in self.user_waiting.values()),
+                          "result_bytes": sum(self.user_bytes.values())},
                 "clusters": [{"cluster_id": cid, "size": c.size, "running": c.running,
                               "ready": c.is_ready(now) and not c.torn_down, "torn_down": c.torn_down,
                               "cost": self.cost(cid)} for cid, c in self.managed.clusters.items()],
@@ -1484,5 +1725,10 @@ class Gateway:
                            "attempt_timeout_s": self.policy.attempt_timeout_s,
                            "page_rows": self.options.page_rows, "buffer_pages": self.options.buffer_pages,
                            "worker_memory_limit": self.options.worker_memory_limit,
+                           "buffer_bytes": self.options.buffer_bytes,
+                           "user_buffer_bytes": self.options.user_buffer_bytes,
+                           "user_max_running": self.policy.user_max_running,
+                           "user_max_queued": self.policy.user_max_queued,
+                           "plan_timeout_s": self.options.plan_timeout_s,
                            "worker_temp_limit": self.options.worker_temp_limit},
                 "events": list(self.managed.events)[-50:]}

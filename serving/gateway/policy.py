@@ -127,6 +127,13 @@ class GatewayPolicy:
         users: rules mapping users to the classes they may use, first match
             wins; with rules, a user no rule matches gets ``default_class`` only.
             Without rules, any client tag naming a class is taken.
+        user_max_running: queries of one user that run (or wait in a class
+            queue, or hold unread result pages) at once, over every class
+            (Trino resource groups' ``hardConcurrencyLimit``, per user); more
+            wait in that user's own queue.
+        user_max_queued: queries of one user waiting for one of their running
+            ones to end (Trino's ``maxQueued``); one more fails at once with
+            ``QUERY_QUEUE_FULL``.
         provenance: where the document and its overrides came from.
     """
 
@@ -142,6 +149,8 @@ class GatewayPolicy:
     max_run_time_s: float = 300.0
     client_timeout_s: float = 300.0
     users: tuple[UserRule, ...] = ()
+    user_max_running: int = 16
+    user_max_queued: int = 64
     provenance: Mapping[str, str] = field(default_factory=lambda: {"source": "library defaults"})
 
     def __post_init__(self) -> None:
@@ -162,6 +171,11 @@ class GatewayPolicy:
             value = getattr(self, name)
             if isinstance(value, bool) or not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
                 raise ValueError(f"The '{name}' field of gateway-policy must be a number of seconds > 0, "
+                                 f"got {value!r}.")
+        for name, least in (("user_max_running", 1), ("user_max_queued", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"The '{name}' field of gateway-policy must be an integer >= {least}, "
                                  f"got {value!r}.")
         for i, rule in enumerate(self.users):
             try:
@@ -201,6 +215,7 @@ class GatewayPolicy:
                 "attempt_timeout_s": float(self.attempt_timeout_s), "retry_service": self.retry_service,
                 "max_run_time_s": float(self.max_run_time_s), "client_timeout_s": float(self.client_timeout_s),
                 "users": [{"user": r.user, "classes": list(r.classes)} for r in self.users],
+                "user_max_running": self.user_max_running, "user_max_queued": self.user_max_queued,
                 "classes": {name: {k: getattr(c, k) for k in _CLASS_FIELDS} for name, c in self.classes.items()},
                 "provenance": dict(self.provenance)}
 
@@ -210,7 +225,7 @@ class GatewayPolicy:
         if not isinstance(doc, Mapping):
             raise ValueError(f"A gateway-policy must be a mapping, got {type(doc).__name__}.")
         known = {"kind", "version", "default_class", "attempt_timeout_s", "retry_service", "classes", "provenance",
-                 "max_run_time_s", "client_timeout_s", "users"}
+                 "max_run_time_s", "client_timeout_s", "users", "user_max_running", "user_max_queued"}
         unknown = sorted(set(doc) - known)
         if unknown:
             raise ValueError(f"The gateway-policy has unknown field {unknown[0]!r} "
@@ -252,6 +267,7 @@ class GatewayPolicy:
                    attempt_timeout_s=doc.get("attempt_timeout_s", 60.0),
                    max_run_time_s=doc.get("max_run_time_s", 300.0),
                    client_timeout_s=doc.get("client_timeout_s", 300.0), users=tuple(users),
+                   user_max_running=doc.get("user_max_running", 16), user_max_queued=doc.get("user_max_queued", 64),
                    retry_service=str(doc.get("retry_service", "warehouse")),
                    provenance={**dict(doc.get("provenance") or {}), "source": source})
 

@@ -71,14 +71,20 @@ def run_gateway(database: Any, options: Any, *, templates: Any, auth: Any, sock:
         server_options: uvicorn options (TLS files, the slow-client guard).
         announce: ``announce(status)`` once the gateway is up, before it serves.
     Returns when a signal has drained the gateway; its log is flushed and its clusters stopped.
+
+    With authentication off, a new admin token is written to
+    ``LOG_DIR/admin.token`` (mode 0600) before the gateway serves; the state
+    ``announce`` gets names the file (``admin_token_file``).
     """
     from sloctl.serving.gateway.app import create_gateway_app
+    from sloctl.serving.gateway.auth import admin_token
     from sloctl.serving.gateway.gateway import Gateway
 
     gateway = Gateway(database, options, templates=templates).start()
     try:
+        token_file = None if auth.enabled else str(admin_token(options.log_dir, renew=True).path)
         if announce is not None:
-            announce(gateway.status())
+            announce({**gateway.status(), **({"admin_token_file": token_file} if token_file else {})})
         config = uvicorn.Config(create_gateway_app(gateway, auth), host=host, port=port, log_level="warning",
                                 **server_options)
         DrainingServer(config, gateway).run(sockets=[sock])

@@ -27,11 +27,14 @@ limit; :mod:`sloctl.datasets._cluster_worker`).
 
 from __future__ import annotations
 
+import math
 import re
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_MAX_QUERY_LENGTH", "SESSION_PROPERTIES", "Statement", "check_statement", "trino_names"]
+__all__ = ["DEFAULT_MAX_QUERY_LENGTH", "SESSION_PROPERTIES", "Statement", "check_statement", "strip_terminator",
+           "trino_names", "validate_session_value"]
 
 #: Trino's ``query.max-length`` default, in characters.
 DEFAULT_MAX_QUERY_LENGTH = 1_000_000
@@ -43,9 +46,71 @@ SESSION_PROPERTIES = {
     "query_class": "the class asked for (only one the user may use)",
 }
 
+#: The range of ``slo_s`` (seconds): a millisecond to a day; a value outside it is a mistake, not an SLO.
+SLO_RANGE_S = (0.001, 86_400.0)
+#: The longest ``template`` / ``query_class`` value, characters.
+MAX_NAME_LENGTH = 128
+
+
+def _slo_s(value: str) -> str:
+    try:
+        slo_s = float(value)
+    except ValueError:
+        slo_s = float("nan")
+    low, high = SLO_RANGE_S
+    if not (math.isfinite(slo_s) and low <= slo_s <= high):
+        raise ValueError(f"The session property 'slo_s' must be a number of seconds from {low:g} to {high:g} "
+                         f"(e.g. SET SESSION slo_s = 2.5), got {value[:80]!r}.")
+    return value.strip()
+
+
+def _name(prop: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if not 0 < len(value) <= MAX_NAME_LENGTH or not value.isprintable():
+            raise ValueError(f"The session property {prop!r} must be a name of 1 to {MAX_NAME_LENGTH} printable "
+                             f"characters (no control characters), got {value[:80]!r}.")
+        return value
+    return check
+
+
+_VALIDATORS: dict[str, Callable[[str], str]] = {
+    "slo_s": _slo_s, "template": _name("template"), "query_class": _name("query_class")}
+
+
+def validate_session_value(name: str, value: str) -> str:
+    """``value`` of session property ``name`` as the gateway keeps it, checked once for every way in.
+
+    ``SET SESSION`` and the ``X-Trino-Session`` header both pass here, so a
+    value the gateway would choke on later (``slo_s = 'abc'``, a 5e-324 s
+    SLO, a template name with a NUL byte) is refused when it is set, naming
+    the property and the form it takes.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`SESSION_PROPERTIES`, or
+            ``value`` does not have its form.
+    """
+    check = _VALIDATORS.get(name)
+    if check is None:
+        raise ValueError(f"Session property {name!r} does not exist on the sloctl gateway (known: "
+                         f"{', '.join(SESSION_PROPERTIES)}); engine settings cannot be changed.")
+    return check(value)
+
+
 _ALLOWED = {"SELECT", "EXPLAIN"}
-_SET_SESSION = re.compile(r"^\s*SET\s+SESSION\s+([A-Za-z_][\w.]*)\s*=\s*(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL)
-_RESET_SESSION = re.compile(r"^\s*RESET\s+SESSION\s+([A-Za-z_][\w.]*)\s*;?\s*$", re.IGNORECASE)
+# Linear by construction: the caller strips the terminator first (strip_terminator), so no lazy group has to
+# find where the value ends, and every quantifier is possessive (nothing to backtrack into).
+_SET_SESSION = re.compile(r"\s*+SET\s++SESSION\s++([A-Za-z_][\w.]*+)\s*+=\s*+(.*)", re.IGNORECASE | re.DOTALL)
+_RESET_SESSION = re.compile(r"\s*+RESET\s++SESSION\s++([A-Za-z_][\w.]*+)", re.IGNORECASE)
+
+
+def strip_terminator(text: str) -> str:
+    """``text`` without trailing white space and one trailing ``;`` (and the white space before it).
+
+    Done in code so that no pattern needs a ``\\s*;?\\s*$`` tail after a lazy group (a
+    quadratic backtracking trap on long runs of spaces).
+    """
+    text = text.rstrip()
+    return text[:-1].rstrip() if text.endswith(";") else text
 
 
 @dataclass(frozen=True)
@@ -88,15 +153,16 @@ def check_statement(sql: str, writes: bool = False) -> Statement:
 
     ``writes``: the text is for the scratch worker, which also runs :data:`SCRATCH_WRITES`.
     """
-    match = _SET_SESSION.match(sql)
+    bare = strip_terminator(sql)
+    match = _SET_SESSION.fullmatch(bare)
     if match:
         name, value = match.group(1).lower(), _literal(match.group(2).strip())
-        if name not in SESSION_PROPERTIES:
-            return Statement("refused", "INVALID_SESSION_PROPERTY",
-                             f"Session property {name!r} does not exist on the sloctl gateway (known: "
-                             f"{', '.join(SESSION_PROPERTIES)}); engine settings cannot be changed.")
+        try:
+            value = validate_session_value(name, value)
+        except ValueError as exc:
+            return Statement("refused", "INVALID_SESSION_PROPERTY", str(exc))
         return Statement("set_session", name=name, value=urllib.parse.quote(value, safe=""))
-    match = _RESET_SESSION.match(sql)
+    match = _RESET_SESSION.fullmatch(bare)
     if match:
         return Statement("reset_session", name=match.group(1).lower())
     import duckdb

@@ -40,7 +40,13 @@ SIMPLE_TYPES = {
     "BLOB": "varbinary", "UUID": "uuid", "JSON": "json", "INTERVAL": "interval day to second",
     "NULL": "varchar", "\"NULL\"": "varchar",
 }
-_NAMED = re.compile(r"^[a-z_][a-z0-9_]*$")
+# Linear patterns (possessive quantifiers, applied with fullmatch): type names come from backends, but a backend's
+# type names can carry a client's column names.
+_NAMED = re.compile(r"[a-z_][a-z0-9_]*+")
+_PARAMETRIC = re.compile(r"(decimal|timestamp|time)\(([\d,]++)\)( with time zone)?+")
+_TYPE_CALL = re.compile(r"([a-z][a-z ]*+)\((.*)\)(\s++with time zone)?+", re.DOTALL)
+_ROW_FIELD = re.compile(r'("(?:[^"]|"")++"|[A-Za-z_][A-Za-z0-9_]*+)\s++(.+)', re.DOTALL)
+_DIGITS = re.compile(r"\d++")
 
 
 def _trino_name(t: DuckType) -> str:
@@ -53,7 +59,7 @@ def _trino_name(t: DuckType) -> str:
     if t.name == "MAP":
         return f"map({_trino_name(t.children[0])}, {_trino_name(t.children[1])})"
     if t.name == "STRUCT":
-        fields = ", ".join(f"{n if _NAMED.match(n) else chr(34) + n.replace(chr(34), chr(34) * 2) + chr(34)} "
+        fields = ", ".join(f"{n if _NAMED.fullmatch(n) else chr(34) + n.replace(chr(34), chr(34) * 2) + chr(34)} "
                            f"{_trino_name(c)}" for n, c in zip(t.fields, t.children, strict=True))
         return f"row({fields})"
     return "varchar"  # ENUM, BIT, UNION, VARINT, ...: their text
@@ -78,7 +84,7 @@ def _signature_of(t: DuckType) -> dict[str, Any]:
             {"kind": "NAMED_TYPE", "value": {"fieldName": {"name": n}, "typeSignature": _signature_of(c)}}
             for n, c in zip(t.fields, t.children, strict=True)]}
     name = _trino_name(t)
-    match = re.match(r"^(decimal|timestamp|time)\(([\d,]+)\)( with time zone)?$", name)
+    match = _PARAMETRIC.fullmatch(name)
     if match:
         raw = match.group(1) + (match.group(3) or "")
         return {"rawType": raw, "arguments": [{"kind": "LONG", "value": int(v)} for v in match.group(2).split(",")]}
@@ -120,7 +126,7 @@ def trino_signature(trino_type: str) -> dict[str, Any]:
     is; the client's row mapper reads ``rawType`` and the arguments.
     """
     text = trino_type.strip()
-    m = re.match(r"^([a-z][a-z ]*?)\s*\((.*)\)(\s+with time zone)?$", text, re.DOTALL)
+    m = _TYPE_CALL.fullmatch(text)
     if m is None:
         return {"rawType": text, "arguments": []}
     raw, inner, zone = m.group(1).strip(), m.group(2), m.group(3)
@@ -131,14 +137,14 @@ def trino_signature(trino_type: str) -> dict[str, Any]:
     if raw == "row":
         fields = []
         for a in args:
-            named = re.match(r'^("(?:[^"]|"")+"|[A-Za-z_][A-Za-z0-9_]*)\s+(.+)$', a, re.DOTALL)
+            named = _ROW_FIELD.fullmatch(a)
             name, kind = (named.group(1).strip('"').replace('""', '"'), named.group(2)) if named else (None, a)
             value: dict[str, Any] = {"typeSignature": trino_signature(kind)}
             if name is not None:
                 value["fieldName"] = {"name": name}
             fields.append({"kind": "NAMED_TYPE", "value": value})
         return {"rawType": "row", "arguments": fields}
-    if all(re.fullmatch(r"\d+", a) for a in args):
+    if all(_DIGITS.fullmatch(a) for a in args):
         return {"rawType": raw, "arguments": [{"kind": "LONG", "value": int(a)} for a in args]}
     return {"rawType": raw, "arguments": []}
 
@@ -176,18 +182,26 @@ ERRORS = {
     "INVALID_FUNCTION_ARGUMENT": (7, "USER_ERROR"),
     "DIVISION_BY_ZERO": (8, "USER_ERROR"),
     "INVALID_CAST_ARGUMENT": (9, "USER_ERROR"),
+    "ALREADY_EXISTS": (12, "USER_ERROR"),
     "NOT_SUPPORTED": (13, "USER_ERROR"),
     "INVALID_SESSION_PROPERTY": (14, "USER_ERROR"),
+    "CONSTRAINT_VIOLATION": (16, "USER_ERROR"),
     "NUMERIC_VALUE_OUT_OF_RANGE": (19, "USER_ERROR"),
+    "SCHEMA_NOT_EMPTY": (34, "USER_ERROR"),
+    "QUERY_TEXT_TOO_LARGE": (35, "USER_ERROR"),
+    "TYPE_NOT_FOUND": (43, "USER_ERROR"),
     "CATALOG_NOT_FOUND": (44, "USER_ERROR"),
     "SCHEMA_NOT_FOUND": (45, "USER_ERROR"),
     "TABLE_NOT_FOUND": (46, "USER_ERROR"),
     "COLUMN_NOT_FOUND": (47, "USER_ERROR"),
+    "SCHEMA_ALREADY_EXISTS": (49, "USER_ERROR"),
+    "TABLE_ALREADY_EXISTS": (50, "USER_ERROR"),
+    "TYPE_MISMATCH": (58, "USER_ERROR"),
     "INVALID_PARAMETER_USAGE": (80, "USER_ERROR"),
     "GENERIC_INTERNAL_ERROR": (65536, "INTERNAL_ERROR"),
-    "NO_NODES_AVAILABLE": (65542, "INTERNAL_ERROR"),
+    "NO_NODES_AVAILABLE": (65541, "INTERNAL_ERROR"),
     "SERVER_SHUTTING_DOWN": (65545, "INTERNAL_ERROR"),
-    "REMOTE_HOST_GONE": (65561, "INTERNAL_ERROR"),
+    "REMOTE_HOST_GONE": (65558, "INTERNAL_ERROR"),
     "QUERY_QUEUE_FULL": (131074, "INSUFFICIENT_RESOURCES"),
     "EXCEEDED_TIME_LIMIT": (131075, "INSUFFICIENT_RESOURCES"),
     "EXCEEDED_LOCAL_MEMORY_LIMIT": (131079, "INSUFFICIENT_RESOURCES"),

@@ -15,7 +15,12 @@ import pytest
 from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.pg_dialect import statement_kind, trino_to_postgres
 from sloctl.datasets.pool import CANCELLED, QueryRequest, RawPage
-from sloctl.datasets.postgres_pool import PostgresBackend, PostgresClusterPool, postgres_plan_features
+from sloctl.datasets.postgres_pool import (
+    PostgresBackend,
+    PostgresClusterPool,
+    create_reader_role,
+    postgres_plan_features,
+)
 
 #: A throw-away server without a statement log (the engine's default logs every statement).
 QUIET = {"log_statement": "none", "log_min_duration_statement": "-1"}
@@ -74,11 +79,11 @@ def server():
 
 @pytest.fixture(scope="module")
 def tpch_url(server, tpch_db):
+    """TPC-H on the server, as a role that may only read it (the pool refuses the superuser)."""
     from sloctl.experiments.postgres_log import load_tpch
 
     url = server.create_database("tpch")
-    load_tpch(url, tpch_db)
-    return url
+    return create_reader_role(url, "tpch_reader", None, list(load_tpch(url, tpch_db)))
 
 
 @pytest.fixture(scope="module")
@@ -405,7 +410,8 @@ def test_tear_down_ends_running_queries_and_the_cluster_comes_back(pg):
 def test_a_server_stopped_mid_query_fails_its_cluster(wait_until):
     engine = start_engine()
     try:
-        with PostgresClusterPool({"db": PostgresBackend(engine.url, size=1, pool_connections=2)}) as pool:
+        reader = create_reader_role(engine.url, "reader", None, [])
+        with PostgresClusterPool({"db": PostgresBackend(reader, size=1, pool_connections=2)}) as pool:
             pool.wait_ready(pool.spin_up(1, cluster_id="db"), timeout_s=30)
             done = Done(pool)
             pool.submit("db", QueryRequest(1, "SELECT pg_sleep(30)"))

@@ -272,8 +272,8 @@ def test_a_trino_error_comes_back_with_its_name_code_and_type(pool):
     assert done.trino_error["errorName"] == "COLUMN_NOT_FOUND"
     assert (done.trino_error["errorCode"], done.trino_error["errorType"]) == ERRORS["COLUMN_NOT_FOUND"]
     assert done.columns is None and done.data is None
-    refused = results.run("SELECT 1", fetch=True, headers={"X-Trino-User": "u", "X-Trino-Session": "slo_s=soon"})
-    assert refused.status == "error" and "HTTP 400" in refused.error and "slo_s" in refused.error
+    refused = results.run("SELECT 1", fetch=True, headers={"X-Trino-User": "u", "X-Trino-Prepared-Statement": "x"})
+    assert refused.status == "error" and "HTTP 400" in refused.error and "Prepared-Statement" in refused.error
     assert pool.clusters()[0].state == "ready"  # the query's fault, not the coordinator's
 
 

