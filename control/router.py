@@ -275,6 +275,19 @@ def protect_based(clusters: list[ClusterState], running: Mapping[str, int], late
                                         running[c.cluster_id] / c.size))
 
 
+@dataclass(frozen=True)
+class _Scored:
+    """One placement the Iconq+ router weighs: what it adds (violations, cost, latency) and the cluster's state."""
+
+    cluster: ClusterState
+    added: float  # marginal predicted violations
+    wakes: int  # 1: the cluster's billing timer has paused, so this placement opens a new minimum window
+    cost: float  # marginal billed cost
+    band: float  # costs within this of the cheapest count as equal (cost_tolerance minimum windows)
+    load: float  # running queries per size unit with this query
+    latency: float  # added predicted latency, the query's and its neighbours'
+
+
 class IconqRouter:
     """Concurrency-aware, cost-aware routing (AutoSLO Algorithm 1).
 
@@ -285,7 +298,9 @@ class IconqRouter:
             margin hedges against neighbours that have not arrived yet, which
             a prediction made at routing time cannot see.
         cost_tolerance: marginal costs within this many minimum billing
-            windows count as equal.
+            windows above the cheapest count as equal (between placements
+            that both wake a paused cluster, or both extend a running one:
+            waking a cluster is never a tie with packing onto a running one).
         violation_spread: ``σ``, the spread (log space) of actual /
             predicted latency. Above 0, violations are counted softly: a
             query counts ``Φ((log predicted − log((1 − slo_margin) × SLO)) / σ)``,
@@ -378,31 +393,41 @@ class IconqRouter:
                               now_s + cf.query_s)
             marginal_cost = _cost_after(c, now_s, drain_after) - _cost_before(c, now_s, drain_before)
             marginal_latency = cf.query_s + float(np.sum(cf.running_after_s - before_s)) if len(running) else cf.query_s
-            quantum = self.cost_tolerance * c.price_per_unit_s * c.timer.minimum_s
-            cost_key = round(marginal_cost / quantum) if quantum > 0 else marginal_cost
+            band = self.cost_tolerance * c.price_per_unit_s * c.timer.minimum_s
             added = v_after - v_before
             load = (len(running) + 1) / c.size
+            wakes = 0 if c.timer.is_running else 1  # its timer paused: a placement opens a new minimum window
             explanation[c.cluster_id] = {"predicted_s": cf.query_s, "violations_before": v_before,
-                                         "violations_after": v_after, "marginal_cost": marginal_cost}
-            scored.append((c, added, cost_key, load, marginal_latency))
+                                         "violations_after": v_after, "marginal_cost": marginal_cost,
+                                         "wakes": wakes}
+            scored.append(_Scored(c, added, wakes, marginal_cost, band, load, marginal_latency))
         return self._pick(scored), explanation
 
-    def _pick(self, scored: list[tuple[ClusterState, float, float, float, float]]) -> ClusterState:
-        """The lexicographic best of (marginal violations, marginal cost, then the tie break).
+    def _pick(self, scored: list[_Scored]) -> ClusterState:
+        """Algorithm 1's choice: fewest marginal violations, then least marginal cost, then the tie break.
 
-        ``scored`` rows are ``(cluster, added violations, cost key, load, added latency)``; ``load`` is the
-        running queries per size unit the cluster would have with this query.
+        Among the placements with the fewest added violations, one that
+        wakes a cluster whose billing timer has paused (a full minimum window)
+        never ties with one that only extends a running cluster's drain: the
+        cost band (``cost_tolerance`` windows above the cheapest) applies
+        between placements of the same kind, so the tolerance and the tie
+        break can never turn a window's real cost into a spread, and a
+        cluster nobody needs goes idle and can be torn down.
         """
         soft = self.violation_spread > 0
 
-        def key(row: tuple[ClusterState, float, float, float, float]) -> tuple[float, ...]:
-            _, added, cost_key, load, added_latency = row
-            violations = round(added / self.count_quantum) if soft else added
-            if self.tie_break == "load":
-                return (violations, cost_key, load, added_latency)
-            return (violations, cost_key, added_latency)
+        def violations(row: _Scored) -> float:
+            return round(row.added / self.count_quantum) if soft else row.added
 
-        return min(scored, key=key)[0]
+        fewest = min(violations(r) for r in scored)
+        rows = [r for r in scored if violations(r) == fewest]
+        wakes = min(r.wakes for r in rows)
+        rows = [r for r in rows if r.wakes == wakes]
+        cheapest = min(r.cost for r in rows)
+        rows = [r for r in rows if r.cost <= cheapest + r.band + 1e-12]
+        if self.tie_break == "load":
+            return min(rows, key=lambda r: (r.load, r.latency, r.cost)).cluster
+        return min(rows, key=lambda r: (r.latency, r.cost)).cluster
 
     def _violations(self, predicted_s: np.ndarray, threshold_s: np.ndarray) -> float:
         """Queries predicted past their threshold: a count, or with ``violation_spread`` a soft count."""

@@ -324,3 +324,31 @@ def test_load_tie_break_counts_running_queries_per_size_unit():
 def test_unknown_tie_break_is_refused():
     with pytest.raises(ValueError, match="tie_break"):
         IconqRouter(FakeModel({}), tie_break="random")
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.5, 3.0, 1e6])
+def test_a_query_safe_anywhere_joins_the_running_cluster_not_the_paused_one(tolerance):
+    """Waking a paused cluster costs a whole minimum window: no tolerance or tie break makes that a tie."""
+    running = {"running": [Running(1, 0.0, 50.0, 30.0), Running(2, 0.0, 50.0, 30.0)]}
+    answers = {"running": (3.0, [31.0, 31.0]), "paused": (2.0, [])}  # paused is faster and emptier
+    timer = BillingTimer(minimum_s=60)
+    timer.query_arrived(0.0)
+    timer.query_finished(1.0)  # its window closed at 60 s: paused by 100 s
+    clusters = [ClusterState("paused", 1, timer), cluster("running", 1, 0.0)]
+    router = IconqRouter(FakeModel(answers, running), cost_tolerance=tolerance)
+    decision = router.route(Query(9, "t", 100.0, 50.0), clusters, 100.0)
+    assert decision.cluster_id == "running"
+    assert decision.explanation["paused"]["wakes"] == 1 and decision.explanation["running"]["wakes"] == 0
+    for tie_break in ("load", "latency"):
+        again = IconqRouter(FakeModel(answers, running), cost_tolerance=tolerance, tie_break=tie_break)
+        assert again.route(Query(10, "t", 100.0, 50.0), clusters, 100.0).cluster_id == "running"
+
+
+def test_a_paused_cluster_is_woken_when_the_running_one_would_add_a_violation():
+    running = {"running": [Running(1, 0.0, 10.0, 8.0)]}
+    answers = {"running": (3.0, [12.0]), "paused": (2.0, [])}  # joining pushes the running query late
+    timer = BillingTimer(minimum_s=60)
+    clusters = [ClusterState("paused", 1, timer), cluster("running", 1, 0.0)]
+    decision = IconqRouter(FakeModel(answers, running), cost_tolerance=3.0).route(Query(9, "t", 1.0, 10.0),
+                                                                                  clusters, 1.0)
+    assert decision.cluster_id == "paused"
