@@ -543,7 +543,7 @@ class Autoscaler:
                 if should_tear_down(running=c.running, last_routed_s=c.last_routed_s, spun_up_s=c.spun_up_s,
                                     now_s=now, t_idle_s=self.config.t_idle_s,
                                     t_min_lifetime_s=self.config.t_min_lifetime_s):
-                    actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id))
+                    actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id, reason="idle"))
         if self.trigger is not None and self.mode != "none":
             running = [(Query(r.query_id, r.template, r.arrival_s, r.slo_s), r.predicted_s)
                        for r in self.router.model.running.values()]
@@ -583,7 +583,8 @@ class Autoscaler:
             return []
         ready = [c for c in clusters if c.ready and c.state is not None]
         if self.mode == "horizontal":
-            action = ScalingAction("spin_up", size=ready[0].size if ready else min(self.config.candidate_sizes))
+            action = ScalingAction("spin_up", size=ready[0].size if ready else min(self.config.candidate_sizes),
+                                   reason="trigger")
             self.decisions.append((now_s, None, action))
             return [action]
         return self._act(now_s, now_s, self.sizing_job(now_s, clusters)())
@@ -626,7 +627,7 @@ class Autoscaler:
                 self.trigger.suppress(now_s + self.config.spinup_delay_s)
             self.decisions.append((decided_s, outcome, None))
             return []
-        actions = [ScalingAction("spin_up", size=outcome.size)]
+        actions = [ScalingAction("spin_up", size=outcome.size, reason="size-selector")]
         if self.mode == "vertical":
             actions.append(ScalingAction("retire_others"))
         self.decisions.append((decided_s, outcome, actions[0]))
@@ -688,12 +689,12 @@ class QueueScaler(ArrivalScaler):
                 break
             if should_tear_down(running=c.running, last_routed_s=c.last_routed_s, spun_up_s=c.spun_up_s, now_s=now,
                                 t_idle_s=self.config.t_idle_s, t_min_lifetime_s=self.config.t_min_lifetime_s):
-                actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id))
+                actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id, reason="idle"))
         starting = len(ready) < len(clusters)
         capacity = sum(c.size for c in ready)
         if (not starting and len(clusters) - len(actions) < self.config.max_clusters
                 and sum(c.running for c in ready) >= self.queue_n * capacity):
-            actions.append(ScalingAction("spin_up", size=min(self.config.candidate_sizes)))
+            actions.append(ScalingAction("spin_up", size=min(self.config.candidate_sizes), reason="queue@N"))
         return actions
 
 

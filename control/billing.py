@@ -38,6 +38,9 @@ class BillingTimer:
         self._running = 0
         self._idle_since = 0.0
         self._now = -math.inf
+        self._windows = 0                # billing windows opened (each costs at least minimum_s)
+        self._busy_s = 0.0               # closed stretches with at least one running query
+        self._busy_since = 0.0
 
     def copy(self) -> BillingTimer:
         """An independent timer in the same state (for what-if simulations)."""
@@ -68,6 +71,9 @@ class BillingTimer:
         self._advance(t)
         if self._start is None:
             self._start = t
+            self._windows += 1
+        if self._running == 0:
+            self._busy_since = t
         self._running += 1
 
     def query_finished(self, t: float) -> None:
@@ -78,6 +84,7 @@ class BillingTimer:
         self._running -= 1
         if self._running == 0:
             self._idle_since = t
+            self._busy_s += t - self._busy_since
 
     def active_s(self, t: float) -> float:
         """Billed seconds up to time ``t``."""
@@ -105,6 +112,14 @@ class BillingTimer:
         self._advance(t)
         start = self._start if self._start is not None else t
         return self._accrued_s + max(drain_s, t, start + self.minimum_s) - start
+
+    def usage(self, t: float) -> dict[str, float]:
+        """Where the billed time up to ``t`` went: ``billed_s``, ``busy_s`` (a query running),
+        ``minimum_added_s`` (billed while idle: what the minimum windows added) and ``windows`` opened."""
+        billed = self.active_s(t)
+        busy = self._busy_s + (t - self._busy_since if self._running > 0 else 0.0)
+        return {"billed_s": billed, "busy_s": busy, "minimum_added_s": max(0.0, billed - busy),
+                "windows": float(self._windows)}
 
     def cost(self, t: float, price_per_unit_s: float, size: int) -> float:
         """``price × size × active time`` up to ``t``."""

@@ -70,6 +70,7 @@ class ScalingAction:
     kind: str
     size: int | None = None
     cluster_id: str | None = None
+    reason: str = ""  # who asked: "plan" (a scheduled spin-up), "trigger", "size-selector", "queue@N", "idle", ...
 
 
 @dataclass
@@ -268,7 +269,8 @@ class ManagedPool:
                     refused = True
                     continue
                 self.add_cluster(cid, action.size, spun_up_s=now_s, ready_s=ready_s)
-                event = {"t": now_s, "event": "spin_up", "cluster_id": cid, "size": action.size}
+                event = {"t": now_s, "event": "spin_up", "cluster_id": cid, "size": action.size,
+                         "reason": action.reason}
                 if ready_s is not None:
                     event["ready_s"] = ready_s
                 self.events.append(event)
@@ -280,7 +282,8 @@ class ManagedPool:
                 cluster.torn_down = True
                 if self.backend is not None:
                     self.backend.tear_down(action.cluster_id, now_s)
-                self.events.append({"t": now_s, "event": "tear_down", "cluster_id": action.cluster_id})
+                self.events.append({"t": now_s, "event": "tear_down", "cluster_id": action.cluster_id,
+                                    "reason": action.reason})
             elif action.kind == "retire_others":
                 if refused:
                     continue
@@ -363,6 +366,15 @@ class ManagedPool:
     def cost_by_cluster(self, horizon_s: float) -> dict[str, float]:
         """Each cluster's bill up to ``horizon_s`` (far enough ahead to close every open window)."""
         return {cid: self.cost(cid, horizon_s) for cid in self.clusters}
+
+    def usage_by_cluster(self, horizon_s: float) -> dict[str, dict[str, float]]:
+        """Where each cluster's bill up to ``horizon_s`` went (:meth:`BillingTimer.usage`), with its size and cost."""
+        out = {}
+        for cid, c in self.clusters.items():
+            s = c.state
+            out[cid] = {"size": float(s.size), "cost": self.cost(cid, horizon_s), **s.timer.usage(horizon_s),
+                        "torn_down": float(c.torn_down)}
+        return out
 
     # -- helpers ----------------------------------------------------------------------
     def _cluster(self, cluster_id: str) -> ManagedCluster:

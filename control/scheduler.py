@@ -440,7 +440,7 @@ class ScheduledSpinups:
             if n >= self.config.max_clusters:
                 self.skipped.append(spinup)
                 continue
-            actions.append(ScalingAction("spin_up", size=spinup.size))
+            actions.append(ScalingAction("spin_up", size=spinup.size, reason="plan"))
             if spinup.mode == "vertical":
                 actions.append(ScalingAction("retire_others"))
             self.requested.append(spinup)

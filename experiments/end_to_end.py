@@ -79,7 +79,7 @@ from sloctl.experiments.history import (
 )
 from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_setup
 from sloctl.models.drift import DriftCalibration
-from sloctl.simulation.batch import cell_seed
+from sloctl.simulation.batch import cell_seed, explain_of
 from sloctl.simulation.engine import WarehouseSimulator
 
 if TYPE_CHECKING:
@@ -232,7 +232,7 @@ class RaisScaler(ArrivalScaler):
         current = max(clusters, key=lambda c: (c.spun_up_s, c.cluster_id))  # the newest is the workgroup
         actions: list[ScalingAction] = []
         if current.ready:  # the replaced clusters, once drained
-            actions += [ScalingAction("tear_down", cluster_id=c.cluster_id) for c in clusters
+            actions += [ScalingAction("tear_down", cluster_id=c.cluster_id, reason="resized") for c in clusters
                         if c.cluster_id != current.cluster_id and c.running == 0]
         outstanding = sum(c.running for c in clusters)
         larger = [s for s in self.sizes if s > current.size]
@@ -241,7 +241,7 @@ class RaisScaler(ArrivalScaler):
         floor = self._bump_size if now < self._bump_until_s else self.sizes[0]
         target = max(self.predicted_size(now + self.config.spinup_delay_s), floor)
         if target != current.size and now >= self._resizing_until_s:
-            actions += [ScalingAction("spin_up", size=target), ScalingAction("retire_others")]
+            actions += [ScalingAction("spin_up", size=target, reason="rais-forecast"), ScalingAction("retire_others")]
             self._resizing_until_s = now + self.config.spinup_delay_s
             self.resizes.append((now, target))
         return actions
@@ -494,23 +494,59 @@ class _Graders:
         return _simulate(self.world, [("floor", smallest)], RoundRobinRouter(), queries, seed, self.minimum_s)
 
     def run(self, name: str, queries: Sequence[Query], seed: int, *, plan: ExecutionConfig, base: ExecutionConfig,
-            forecast_per_s: np.ndarray, choices: _Choices) -> tuple[float, float, list]:
-        """``(vr, cost, RAIS resizes)`` of one approach (cost in price × size × seconds)."""
+            forecast_per_s: np.ndarray, choices: _Choices) -> tuple[float, float, list, dict[str, Any] | None]:
+        """``(vr, cost, RAIS resizes, where the cost went)`` of one approach (cost in price × size × seconds)."""
         if name == "autoslo":
             out = self.autoslo(plan, queries, seed)
-            return out.vr, out.cost, getattr(self.autoslo, "drift_state_", None) or []
+            return out.vr, out.cost, getattr(self.autoslo, "drift_state_", None) or [], out.explain
         if name.startswith("queue@"):
             out = dataclasses.replace(self.queue, queue_n=choices.queue_n)(base, queries, seed)
-            return out.vr, out.cost, []
+            return out.vr, out.cost, [], out.explain
         if name.startswith("fixed-"):
             pool = choices.peak if name == "fixed-peak" else choices.half
-            return (*_simulate(self.world, pool, RoundRobinRouter(), queries, seed, self.minimum_s), [])
+            vr, cost, explain = _simulate_explained(self.world, pool, RoundRobinRouter(), queries, seed,
+                                                    self.minimum_s)
+            return vr, cost, [], explain
         setting = self.cfg.rais_balanced if name == "rais-balanced" else self.cfg.rais_performance
         scaler = RaisScaler(forecast_per_s, self.hour_s, self.capacity_per_s, setting, spinup_delay_s=self.delay_s,
                             hold_s=self.cfg.rais_hold_hours * self.hour_s)
-        vr, cost = _simulate(self.world, [("rais0", scaler.predicted_size(0.0))], RoundRobinRouter(), queries, seed,
-                             self.minimum_s, scaler)
-        return vr, cost, [[t / self.hour_s, size] for t, size in scaler.resizes]
+        vr, cost, explain = _simulate_explained(self.world, [("rais0", scaler.predicted_size(0.0))],
+                                                RoundRobinRouter(), queries, seed, self.minimum_s, scaler)
+        return vr, cost, [[t / self.hour_s, size] for t, size in scaler.resizes], explain
+
+
+def explain_scenario(explains: Sequence[dict[str, Any] | None], hour_s: float, tau: float, vr: float
+                     ) -> dict[str, Any] | None:
+    """Where one approach's money went in one scenario, averaged over its grading draws (costs per hour unit).
+
+    Per draw :func:`~sloctl.simulation.batch.explain_of`; here the mean of
+    billed, busy and minimum-window seconds (in hours of the compressed
+    day), windows opened, the busy share of the bill, spin-ups and tear-downs
+    by who asked, and the VR slack ``τ − VR`` (how much of the allowed
+    violation rate the approach left unused: money spent past the target).
+    The first draw's clusters are kept as they were.
+    """
+    known = [e for e in explains if e is not None]
+    if not known:
+        return None
+
+    def mean(key: str) -> float:
+        return float(np.mean([e[key] for e in known]))
+
+    def counts(key: str) -> dict[str, float]:
+        reasons = sorted({r for e in known for r in e[key]})
+        return {r: float(np.mean([e[key].get(r, 0) for e in known])) for r in reasons}
+
+    first = known[0]
+    return {"cost": mean("cost") / hour_s, "busy_cost": mean("busy_cost") / hour_s,
+            "busy_share": mean("busy_cost") / mean("cost") if mean("cost") > 0 else None,
+            "billed_h": mean("billed_s") / hour_s, "busy_h": mean("busy_s") / hour_s,
+            "minimum_added_h": mean("minimum_added_s") / hour_s, "windows": mean("windows"),
+            "spin_ups": counts("spin_ups"), "tear_downs": counts("tear_downs"), "vr_slack": tau - vr,
+            "clusters": [{"cluster_id": c["cluster_id"], "size": c["size"], "cost": c["cost"] / hour_s,
+                          "billed_h": c["billed_s"] / hour_s, "busy_h": c["busy_s"] / hour_s,
+                          "minimum_added_h": c["minimum_added_s"] / hour_s, "windows": c["windows"],
+                          "torn_down": c["torn_down"]} for c in first["clusters"]]}
 
 
 def measured_sizes(train_log: pd.DataFrame, grade_log: pd.DataFrame) -> tuple[int, ...]:
@@ -559,9 +595,16 @@ def _capacity_per_s(world: WarehouseEmulator, templates: Sequence[str], sizes: S
 
 def _simulate(world: WarehouseEmulator, clusters: list[tuple[str, int]], router: Any, queries: Sequence[Query],
               seed: int, minimum_s: float, autoscaler: Any = None) -> tuple[float, float]:
+    vr, cost, _ = _simulate_explained(world, clusters, router, queries, seed, minimum_s, autoscaler)
+    return vr, cost
+
+
+def _simulate_explained(world: WarehouseEmulator, clusters: list[tuple[str, int]], router: Any,
+                        queries: Sequence[Query], seed: int, minimum_s: float, autoscaler: Any = None
+                        ) -> tuple[float, float, dict[str, Any]]:
     out = WarehouseSimulator(world, clusters, router, minimum_s=minimum_s, seed=seed,
                              autoscaler=autoscaler).run(list(queries))
-    return out.violation_rate, out.cost
+    return out.violation_rate, out.cost, explain_of(out)
 
 
 def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, grade_log: pd.DataFrame,
@@ -653,7 +696,8 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                 outs = [graders.run(name, q, s, plan=chosen, base=setup.base, forecast_per_s=forecast,
                                     choices=choices) for q, s in draws]
                 vr, cost = float(np.mean([o[0] for o in outs])), float(np.mean([o[1] for o in outs])) / hour_s
-                results[name] = {"vr": vr, "cost": cost, "meets_tau": vr <= tcfg.tau_target}
+                results[name] = {"vr": vr, "cost": cost, "meets_tau": vr <= tcfg.tau_target,
+                                 "explain": explain_scenario([o[3] for o in outs], hour_s, tcfg.tau_target, vr)}
                 if name.startswith("rais-"):
                     resizes[name] = outs[0][2]
                 if name == "autoslo" and outs[0][2]:  # the drift calibration at the day's end (first draw)

@@ -81,7 +81,7 @@ from sloctl.models.drift import DriftCalibratedPredictor, DriftCalibration
 from sloctl.models.online import OnlinePredictor
 from sloctl.registry.bundles import load_predictor
 from sloctl.registry.routers import build_router
-from sloctl.simulation.batch import CellResult, cell_seed, simulate_batch, timeline_of
+from sloctl.simulation.batch import CellResult, cell_seed, explain_of, simulate_batch, timeline_of
 from sloctl.simulation.emulator import calibrate
 from sloctl.simulation.engine import WarehouseSimulator
 from sloctl.training.policy_tuner import SearchSpace, tune_policy
@@ -197,7 +197,7 @@ class HistoryRunner:
         sim = WarehouseSimulator(self.world, clusters, PackingRouter(self.pack_n), minimum_s=self.minimum_s,
                                  seed=seed, autoscaler=scheduled)
         out = sim.run(list(queries))
-        return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)))
+        return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)), explain_of(out))
 
 
 _PREDICTORS: dict[str, Any] = {}
@@ -286,7 +286,7 @@ class IconqReactiveRunner:
                                  autoscaler=scheduled)
         out = sim.run(list(queries))
         self.drift_state_ = model.calibration.state() if self.drift is not None else None  # the day's last word
-        return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)))
+        return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)), explain_of(out))
 
 
 def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: pd.DataFrame, *, mean_iso: float,

@@ -57,6 +57,7 @@ class CellResult:
     vr: float
     cost: float
     timeline: Timeline
+    explain: dict[str, Any] | None = None  # where the cost went (explain_of); None: not recorded
 
     @property
     def n_queries(self) -> int:
@@ -101,6 +102,42 @@ class BatchResult:
 def cell_seed(seed: int, j: int) -> int:
     """The simulation seed of workload ``j`` (the same under every configuration)."""
     return int(np.random.SeedSequence([seed, j]).generate_state(1)[0])
+
+
+def explain_of(result: SimulationResult) -> dict[str, Any]:
+    """Where one simulation's money went: per cluster and in total.
+
+    ``billed_s`` is the time each cluster's billing timer ran, ``busy_s``
+    the part of it with a query running, ``minimum_added_s`` the rest (what
+    the minimum windows added: a window opened for a short burst, or kept
+    open past the last query), ``windows`` the billing windows opened (each a
+    restart of the timer). ``busy_cost`` / ``cost`` is the share of the bill
+    that bought work. Spin-ups and tear-downs are counted by who asked
+    (``plan``: a scheduled spin-up; ``size-selector``: a trigger fired and the
+    Spin-up Size Selector chose the size; ``queue@N``, ``rais-forecast``,
+    ``idle``, ``resized``).
+    """
+    clusters = []
+    for cid, u in sorted(result.usage.items()):
+        price = u["cost"] / (u["size"] * u["billed_s"]) if u["billed_s"] > 0 else 0.0
+        clusters.append({"cluster_id": cid, "size": int(u["size"]), "cost": u["cost"], "billed_s": u["billed_s"],
+                         "busy_s": u["busy_s"], "minimum_added_s": u["minimum_added_s"],
+                         "windows": int(u["windows"]), "busy_cost": price * u["size"] * u["busy_s"],
+                         "torn_down": bool(u["torn_down"])})
+    spin_ups: dict[str, int] = {}
+    tear_downs: dict[str, int] = {}
+    for e in result.events:
+        if e["event"] == "spin_up":
+            spin_ups[e.get("reason") or "unknown"] = spin_ups.get(e.get("reason") or "unknown", 0) + 1
+        elif e["event"] == "tear_down":
+            tear_downs[e.get("reason") or "unknown"] = tear_downs.get(e.get("reason") or "unknown", 0) + 1
+    cost = sum(c["cost"] for c in clusters)
+    busy_cost = sum(c["busy_cost"] for c in clusters)
+    return {"cost": cost, "busy_cost": busy_cost, "busy_share": busy_cost / cost if cost > 0 else None,
+            "billed_s": sum(c["billed_s"] for c in clusters), "busy_s": sum(c["busy_s"] for c in clusters),
+            "minimum_added_s": sum(c["minimum_added_s"] for c in clusters),
+            "windows": sum(c["windows"] for c in clusters), "spin_ups": spin_ups, "tear_downs": tear_downs,
+            "clusters": clusters}
 
 
 def timeline_of(result: SimulationResult, start_clusters: int) -> Timeline:

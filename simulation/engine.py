@@ -46,6 +46,7 @@ class SimulationResult:
     cost_by_cluster: dict[str, float]
     events: list[dict] = field(default_factory=list)
     cost_marks: dict[int, float] = field(default_factory=dict)
+    usage: dict[str, dict[str, float]] = field(default_factory=dict)  # per cluster: billed, busy, windows
 
     def cost_since(self, index: int) -> float:
         """Cost billed after the arrival with this index (needs ``mark_at``)."""
@@ -176,4 +177,4 @@ class WarehouseSimulator:
         end = max((r["end_s"] for r in records.values()), default=0.0) + 1e9
         cost_by_cluster = self.pool.cost_by_cluster(end)
         return SimulationResult(frame, float(sum(cost_by_cluster.values())), cost_by_cluster, self.events,
-                                self.cost_marks)
+                                self.cost_marks, self.pool.usage_by_cluster(end))

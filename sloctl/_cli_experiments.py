@@ -804,6 +804,9 @@ def experiment_end_to_end_cmd(
     drift_window: float | None = typer.Option(None, "--drift-window", help="Calibrate AutoSLO's predictions "
                                               "against completions online over this sliding window, in mean "
                                               "isolated latencies (e.g. 200); default: off (docs/end_to_end.md)."),
+    explain: bool = typer.Option(False, "--explain", help="Also print where each approach's money went: billed, "
+                                 "busy and minimum-window hours, billing windows opened, spin-ups and tear-downs by "
+                                 "who asked, and the VR slack (τ − VR); the JSON always holds it."),
     config: Config = None,
 ) -> None:
     """AutoSLO end to end (§8.2): the Policy Tuner's plan + Iconq+ router + Autoscaler vs fixed clusters, Queue@N
@@ -842,6 +845,25 @@ def experiment_end_to_end_cmd(
         typer.echo(json.dumps(doc, default=float))
     else:
         _echo_end_to_end(doc)
+        if explain:
+            _echo_explain(doc)
+
+
+def _echo_explain(doc: dict) -> None:
+    """Where the money went, one line per approach and scenario (``results.*.explain``)."""
+    typer.echo("where the cost went (hours of the compressed day; busy share = the bill's part that bought work):")
+    for s in doc["scenarios"]:
+        for name, r in s["results"].items():
+            e = r.get("explain")
+            if not e:
+                continue
+            ups = ", ".join(f"{k} {v:g}" for k, v in e["spin_ups"].items()) or "none"
+            downs = ", ".join(f"{k} {v:g}" for k, v in e["tear_downs"].items()) or "none"
+            share = "n/a" if e["busy_share"] is None else f"{e['busy_share']:.0%}"
+            typer.echo(f"{s['day']} κ={s['kappa']:g}  {name:<17} cost {e['cost']:8.2f}  busy {share:>4}  billed "
+                       f"{e['billed_h']:.2f} h (busy {e['busy_h']:.2f}, minimum windows {e['minimum_added_h']:.2f})  "
+                       f"windows {e['windows']:g}  spin-ups: {ups}; tear-downs: {downs}  VR slack "
+                       f"{e['vr_slack']:+.3f}")
 
 
 def _live_end_to_end(live_kappa: float, live_time_scale: float | None, live_max_day_s: float,

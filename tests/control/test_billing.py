@@ -83,3 +83,16 @@ def test_best_with_target_meets_target_first_then_cost():
     assert best_with_target(outcomes, target=0.05) == 2  # both under 0.05 tie on 0, cheaper wins
     assert best_with_target(outcomes, target=0.0) == 3
     assert best_with_target([(0.5, 1.0), (0.5, 1.0)], target=0.1) == 0
+
+
+def test_usage_splits_the_bill_into_busy_time_and_what_the_minimum_window_added():
+    timer = BillingTimer(minimum_s=60)
+    timer.query_arrived(0.0)
+    timer.query_finished(10.0)  # a 10 s burst opens a 60 s window: 50 s billed idle
+    timer.query_arrived(100.0)  # a second window
+    timer.query_arrived(150.0)
+    timer.query_finished(170.0)
+    timer.query_finished(180.0)  # busy 100-180: past the minimum, nothing added
+    usage = timer.usage(1000.0)
+    assert usage == {"billed_s": 60.0 + 80.0, "busy_s": 10.0 + 80.0, "minimum_added_s": 50.0, "windows": 2.0}
+    assert timer.usage(1000.0)["billed_s"] == timer.active_s(1000.0)

@@ -223,7 +223,8 @@ def test_routes_only_onto_ready_clusters_that_are_not_retired_or_torn_down():
     assert [v.cluster_id for v in managed.views(4.0)] == ["b", "new1"]
     assert "a" in managed.cost_by_cluster(1e6)  # a torn-down cluster's bill stays
     assert [e["event"] for e in managed.events] == ["spin_up", "tear_down"]
-    assert managed.events[0] == {"t": 1.0, "event": "spin_up", "cluster_id": "new1", "size": 2, "ready_s": 3.0}
+    assert managed.events[0] == {"t": 1.0, "event": "spin_up", "cluster_id": "new1", "size": 2, "ready_s": 3.0,
+                                 "reason": ""}
 
 
 def test_retired_clusters_serve_only_until_their_replacement_is_ready():
@@ -327,3 +328,42 @@ def test_bad_requests_name_what_is_wrong():
 
 if __name__ == "__main__":  # regenerate (only from a simulator known to be right)
     GOLDEN.write_text(json.dumps(scenarios(), sort_keys=True, indent=1) + "\n")
+
+
+class TableOnlineModel(TableModel):
+    """:class:`TableModel` with the counterfactuals the Iconq+ router asks for (neighbours unaffected)."""
+
+    def counterfactuals(self, template, arrival_s, clusters, now_s):
+        from sloctl.models.online import Counterfactual
+
+        out = {}
+        for cid, size in clusters.items():
+            mine = self.running_on(cid)
+            before = np.array([r.predicted_s for r in mine])
+            out[cid] = Counterfactual(self.isolated[(template, size)] * (1.0 + 0.5 * len(mine)),
+                                      [r.query_id for r in mine], before, before.copy())
+        return out
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 3.0])
+def test_packing_while_slos_hold_lets_the_idle_cluster_be_torn_down(tolerance):
+    """Overlapping queries that meet their SLO on one cluster: the router packs them there, whatever the
+    cost tolerance, so the other cluster idles and the teardown trigger (§6.2.1) fires."""
+    from sloctl.control.router import IconqRouter
+
+    world = WarehouseEmulator(isolated_s={("b", 1): 3.0}, alpha={1: 1.0}, noise_sigma=0.0)
+    router = IconqRouter(TableOnlineModel({("b", 1): 3.0}), cost_tolerance=tolerance)
+    config = AutoscalerConfig(window_s=20.0, t_idle_s=10.0, t_min_lifetime_s=10.0, theta=6, tau_trigger=0.1,
+                              mu=8, tau_target=0.05, candidate_sizes=(1,), spinup_delay_s=6.0, max_clusters=2)
+    autoscaler = Autoscaler(config, None, router, StageCostRouter, mode="add", minimum_s=5.0, teardown=True)
+    # pairs 0.5 s apart every 8 s, 3 s each alone: the second arrives while the first runs, and one cluster
+    # serves both within the SLO (they share it for about 6 s)
+    queries = [Query(i, "b", 8.0 * (i // 2) + 0.5 * (i % 2), 10.0) for i in range(40)]
+    out = WarehouseSimulator(world, [("c0", 1), ("c1", 1)], router, minimum_s=5.0, seed=0,
+                             autoscaler=autoscaler).run(queries)
+    assert out.violation_rate == 0.0
+    on = out.queries.groupby("cluster_id").size().to_dict()
+    assert max(on.values()) >= len(queries) - 1, on  # packed onto one cluster
+    torn = [e for e in out.events if e["event"] == "tear_down"]
+    assert len(torn) == 1 and torn[0]["reason"] == "idle"
+    assert out.usage[torn[0]["cluster_id"]]["billed_s"] <= 5.0  # at most the one window it was woken for

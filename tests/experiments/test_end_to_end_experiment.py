@@ -81,8 +81,9 @@ def test_result_has_the_issue_json_shape_and_says_which_world_graded(tiny_run, s
         assert scenario["kappa"] in (2.0, 4.0)
         assert set(scenario["results"]) == approaches
         for r in [*scenario["results"].values(), scenario["floor"]]:
-            assert set(r) == {"vr", "cost", "meets_tau"}
+            assert set(r) - {"explain"} == {"vr", "cost", "meets_tau"}
             assert 0.0 <= r["vr"] <= 1.0 and r["cost"] > 0 and r["meets_tau"] == (r["vr"] <= 0.1)
+        assert all("explain" in r for r in scenario["results"].values())
     assert set(doc["summary"]) == {"autoslo_meets_tau_all", "cost_vs_next_best", "cost_vs_rais_balanced",
                                    "floor_vs_next_best", "floor_is_least", "work_bound_vs_next_best",
                                    "work_bound_vs_next_best_max"}
@@ -99,6 +100,26 @@ def test_result_has_the_issue_json_shape_and_says_which_world_graded(tiny_run, s
     assert world["histories_overlap_days"] == 0  # the two days' 7-day histories are apart
     days = [pd.Timestamp(d) for d in world["days"]]
     assert (days[0] - days[1]).days > 7
+
+
+def test_each_approach_explains_where_its_cost_went(tiny_run):
+    """Billed = busy + what the minimum windows added, per cluster; the parts add up to the approach's cost."""
+    doc = json.loads(json.dumps(tiny_run.to_json()))
+    for scenario in doc["scenarios"]:
+        for name, r in scenario["results"].items():
+            e = r["explain"]
+            assert e["cost"] == pytest.approx(r["cost"], rel=1e-9), name
+            assert e["billed_h"] == pytest.approx(e["busy_h"] + e["minimum_added_h"])
+            assert 0 < e["busy_share"] <= 1 + 1e-9 and e["windows"] >= 1
+            assert e["vr_slack"] == pytest.approx(0.1 - r["vr"])
+            clusters = e["clusters"]
+            assert all(c["billed_h"] >= c["busy_h"] >= 0 and c["windows"] >= (c["billed_h"] > 0) for c in clusters)
+            if name.startswith("fixed-"):  # nothing scales a fixed pool
+                assert e["spin_ups"] == {} and e["tear_downs"] == {}
+        autoslo = scenario["results"]["autoslo"]["explain"]
+        assert set(autoslo["spin_ups"]) <= {"plan", "size-selector", "trigger"}
+        assert set(scenario["results"]["queue@tuned"]["explain"]["spin_ups"]) <= {"plan", "queue@N"}
+        assert set(scenario["results"]["rais-balanced"]["explain"]["spin_ups"]) <= {"rais-forecast"}
 
 
 def test_summary_compares_with_the_cheapest_baseline_that_meets_tau():
@@ -485,3 +506,15 @@ def test_slowdown_and_drift_calibration_are_recorded_in_the_world(sim_log, model
     autoslo = result.scenarios[0]["results"]["autoslo"]
     assert autoslo["drift_calibration"]["window_s"] == drift["window_s"]
     assert "pooled" in autoslo["drift_calibration"]
+
+
+def test_explain_prints_one_line_per_approach_and_scenario(tiny_run, capsys):
+    from sloctl._cli_experiments import _echo_explain
+
+    doc = json.loads(json.dumps(tiny_run.to_json()))
+    _echo_explain(doc)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("where the cost went")
+    rows = lines[1:]
+    assert len(rows) == sum(len(s["results"]) for s in doc["scenarios"])
+    assert all("busy" in r and "minimum windows" in r and "VR slack" in r for r in rows)
