@@ -214,8 +214,12 @@ class GatewayOptions:
             worker waits for the client to read them (results stream: memory
             does not grow with the result).
         worker_memory_limit: each cluster worker's DuckDB ``memory_limit``
-            (e.g. ``"2GB"``; ``None``: DuckDB's default, 80% of RAM); a query
-            that needs more fails with ``EXCEEDED_LOCAL_MEMORY_LIMIT``.
+            (``"2GB"``, as ``sloctl gateway``'s default); a query that needs
+            more fails with ``EXCEEDED_LOCAL_MEMORY_LIMIT``, and the worker
+            runs under an operating-system bound a margin above it
+            (:mod:`sloctl.datasets.memory_bound`). ``None``: DuckDB's default
+            (80% of RAM) and no operating-system bound: only for a caller
+            that bounds the workers itself.
         worker_temp_limit: each worker's spill limit (``max_temp_directory_size``).
         restart_workers: replace a cluster whose worker died.
         explain_timeout_s: how long the query log's ``EXPLAIN`` (on a worker) may take.
@@ -279,7 +283,7 @@ class GatewayOptions:
     seed: int = 0
     max_query_length: int = DEFAULT_MAX_QUERY_LENGTH
     buffer_pages: int = 4
-    worker_memory_limit: str | None = None
+    worker_memory_limit: str | None = "2GB"
     worker_temp_limit: str | None = None
     restart_workers: bool = True
     explain_timeout_s: float = 5.0
