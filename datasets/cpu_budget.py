@@ -22,21 +22,18 @@ pinning whole cores.
 
 from __future__ import annotations
 
-import errno
 import os
-import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sloctl.core.errors import ClusterPoolError
+from sloctl.datasets._cgroup import GROUP_NAME, remove_group, remove_stale_groups
 
 __all__ = ["CgroupRoot", "CpuBudget", "CpuBudgets", "find_cgroup_root"]
 
 #: Default CFS period: short, so that throttling adds millisecond stalls, not 100 ms ones.
 DEFAULT_PERIOD_S = 0.01
 _PARENT = "sloctl"
-_NAME = re.compile(r"^p(\d+)-[A-Za-z0-9_.-]+$")
 
 
 @dataclass(frozen=True)
@@ -126,7 +123,7 @@ class CpuBudgets:
         if not cores > 0:
             raise ClusterPoolError(f"The 'cores' parameter of CpuBudgets.create must be > 0, got {cores!r}.")
         name = f"p{os.getpid()}-{cluster_id}"
-        if not _NAME.match(name):
+        if not GROUP_NAME.match(name):
             raise ClusterPoolError(f"The 'cluster_id' {cluster_id!r} cannot name a cgroup "
                                    "(letters, digits, '_', '.', '-' only).")
         period_us = max(1000, round(self.period_s * 1e6))
@@ -157,44 +154,9 @@ class CpuBudgets:
 
     def remove(self, budget: CpuBudget, timeout_s: float = 5.0) -> None:
         """Remove a group once its processes have exited (waits up to ``timeout_s`` for them)."""
-        _rmdir(budget.path, timeout_s)
+        remove_group(budget.path, timeout_s, "CPU-budget")
 
     def remove_stale(self) -> list[str]:
         """Remove the groups of processes that no longer run (a crashed run's leftovers); their names."""
-        if not self.parent.is_dir():
-            return []
-        removed = []
-        for path in sorted(self.parent.iterdir()):
-            match = _NAME.match(path.name)
-            if not path.is_dir() or match is None or _alive(int(match.group(1))):
-                continue
-            try:
-                _rmdir(path, timeout_s=0.5)
-                removed.append(path.name)
-            except ClusterPoolError:
-                continue  # still holds a process (an orphaned worker): leave it
-        return removed
+        return remove_stale_groups(self.parent, "CPU-budget")
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _rmdir(path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
-                raise ClusterPoolError(f"Could not remove the CPU-budget cgroup {path} ({exc}).") from exc
-            time.sleep(0.05)

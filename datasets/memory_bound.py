@@ -35,20 +35,18 @@ shared libraries another process loaded first (DuckDB's own code, some
 
 from __future__ import annotations
 
-import errno
 import os
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sloctl.core.errors import ClusterPoolError
+from sloctl.datasets._cgroup import GROUP_NAME, remove_group, remove_stale_groups
 
 __all__ = ["MALLOC_ENV", "MemoryBound", "MemoryBounds", "MemoryRoot", "bound_bytes", "data_limit_bytes",
            "find_memory_root", "size_bytes"]
 
 _PARENT = "sloctl"
-_NAME = re.compile(r"^p(\d+)-[A-Za-z0-9_.-]+$")
 #: The smallest margin above ``memory_limit``: the interpreter and DuckDB's own code and caches live outside it.
 MIN_MARGIN_BYTES = 64_000_000
 #: The margin as a share of ``memory_limit``.
@@ -198,7 +196,7 @@ class MemoryBounds:
             raise ClusterPoolError(f"The 'bound' parameter of MemoryBounds.create must be a positive number of "
                                    f"bytes, got {bound!r}.")
         name = f"p{os.getpid()}-{cluster_id}"
-        if not _NAME.match(name):
+        if not GROUP_NAME.match(name):
             raise ClusterPoolError(f"The 'cluster_id' {cluster_id!r} cannot name a cgroup "
                                    "(letters, digits, '_', '.', '-' only).")
         path = self.parent / name
@@ -251,44 +249,9 @@ class MemoryBounds:
 
     def remove(self, bound: MemoryBound, timeout_s: float = 5.0) -> None:
         """Remove a group once its processes have exited (waits up to ``timeout_s`` for them)."""
-        _rmdir(bound.path, timeout_s)
+        remove_group(bound.path, timeout_s, "memory")
 
     def remove_stale(self) -> list[str]:
         """Remove the groups of processes that no longer run (a crashed run's leftovers); their names."""
-        if not self.parent.is_dir():
-            return []
-        removed = []
-        for path in sorted(self.parent.iterdir()):
-            match = _NAME.match(path.name)
-            if not path.is_dir() or match is None or _alive(int(match.group(1))):
-                continue
-            try:
-                _rmdir(path, timeout_s=0.5)
-                removed.append(path.name)
-            except ClusterPoolError:
-                continue  # still holds a process (an orphaned worker): leave it
-        return removed
+        return remove_stale_groups(self.parent, "memory")
 
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _rmdir(path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            path.rmdir()
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() >= deadline:
-                raise ClusterPoolError(f"Could not remove the memory cgroup {path} ({exc}).") from exc
-            time.sleep(0.05)
