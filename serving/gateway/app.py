@@ -204,10 +204,11 @@ def create_gateway_app(gateway: Any, auth: Any = None) -> Any:
         # the text is parsed and translated in a planner process, waited for on a worker thread: a text whose
         # planning is slow (or aimed at a parser's worst case) never holds the event loop that serves the others
         verdict = await run_in_threadpool(gateway.plan_text, sql, trino)
+        postgres = await run_in_threadpool(gateway.postgres_text_of, sql, verdict)
         try:
             q = gateway.submit(sql, user=principal.user, tags=tags,
                                source=request.headers.get("x-trino-source"), session=session, slo_s=slo_s,
-                               trino=trino, forward=forward, group=group, verdict=verdict)
+                               trino=trino, forward=forward, group=group, verdict=verdict, postgres=postgres)
         except ValueError as exc:
             field = "x-sloctl-slo-s" if slo_header is not None else "x-trino-session"
             return bad(str(exc), field)

@@ -240,7 +240,7 @@ def postgres_text(trino_sql: str) -> str:
     from sqlglot.errors import SqlglotError
 
     from sloctl.datasets.pg_dialect import CURSOR_KINDS, statement_kind, trino_to_postgres
-    from sloctl.serving.gateway.denylist import denied_call, denied_in_text
+    from sloctl.serving.gateway.denylist import denied_call, denied_in_text, denied_relation
 
     kind = statement_kind(trino_sql)
     if kind not in (*CURSOR_KINDS, "EXPLAIN"):
@@ -257,6 +257,9 @@ def postgres_text(trino_sql: str) -> str:
     if denial is not None:
         raise ValueError(denial.message)
     for table in tree.find_all(exp.Table):  # the server's search_path finds them (catalog and schema are the gateway's)
+        refusal = denied_relation(table.name)
+        if refusal is not None:
+            raise ValueError(refusal)
         table.set("catalog", None)
         if table.db.lower() not in _KEPT_SCHEMAS:  # PostgreSQL's own schemas answer as they are
             table.set("db", None)

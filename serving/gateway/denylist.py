@@ -40,7 +40,8 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DENIED_FUNCTIONS", "DENIED_PREFIXES", "Denial", "denial_for", "denied_call", "denied_in_text"]
+__all__ = ["DENIED_FUNCTIONS", "DENIED_PREFIXES", "DENIED_RELATIONS", "Denial", "denial_for", "denied_call",
+           "denied_in_text", "denied_relation"]
 
 _SESSIONS = "it signals other sessions"
 _HOST_FILES = "it reads or lists files on the engine's host"
@@ -132,6 +133,29 @@ DENIED_PREFIXES: dict[str, str] = {
 _WORD = re.compile(r"[A-Za-z_\x80-\U0010ffff][\w$\x80-\U0010ffff]*")
 _ENTRIES = (*DENIED_FUNCTIONS, *DENIED_PREFIXES)
 _ASCII_LOWER = str.maketrans(string.ascii_uppercase, string.ascii_lowercase)
+
+
+#: PostgreSQL's views of other sessions: every gateway user shares the backend's one role, so through them a
+#: user would read the other users' query text, their clients' addresses and who waits on whose locks.
+DENIED_RELATIONS: dict[str, str] = {
+    "pg_stat_activity": "it shows the other sessions of the gateway's role, with their query text",
+    "pg_stat_statements": "it shows every session's statements",
+    "pg_stat_statements_info": "it shows every session's statements",
+    "pg_locks": "it shows the other sessions' locks",
+    "pg_blocking_pids": "it shows which sessions block which",
+    "pg_stat_ssl": "it shows the other sessions' connections",
+    "pg_stat_gssapi": "it shows the other sessions' connections",
+    "pg_prepared_statements": "it shows the session's prepared statements, the gateway's own among them",
+}
+
+
+def denied_relation(name: str) -> str | None:
+    """The refusal message for reading the relation ``name`` (any case, optionally schema-qualified), or ``None``."""
+    base = name.strip().strip('"').rsplit(".", 1)[-1].strip().strip('"').lower()
+    reason = DENIED_RELATIONS.get(base)
+    if reason is None:
+        return None
+    return f"Access Denied: relation {base} is not allowed by the sloctl gateway: {reason}."
 
 
 @dataclass(frozen=True)

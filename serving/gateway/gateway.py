@@ -379,7 +379,8 @@ class GatewayQuery:
     forward: Mapping[str, str] | None = None  # the client's X-Trino-* headers, for a trino backend
     group: str | None = None  # the routing group its attempts run in (None: any backend)
     trino_types: bool = False  # its columns' types are Trino's own (a trino backend answered), not DuckDB's
-    pg_sql: str | None = None  # its text for a postgresql backend (translated once, on first use)
+    pg_sql: str | None = None  # its text for a postgresql backend (translated once, off the event loop)
+    pg_error: str | None = None  # why no postgresql backend can run it (the translation refused it)
     held_bytes: int = 0  # bytes of the result pages it holds at the gateway
     owed_credits: int = 0  # pages its worker may send once its user's buffer has room again
     user_slot: bool = False  # it holds one of its user's running slots (policy user_max_running)
@@ -744,7 +745,8 @@ class Gateway:
     def submit(self, sql: str, *, user: str = "", tags: list[str] | None = None, source: str | None = None,
                session: Mapping[str, str] | None = None, slo_s: float | None = None,
                trino: Session | None = None, forward: Mapping[str, str] | None = None,
-               group: str | None = None, verdict: Plan | None = None) -> GatewayQuery:
+               group: str | None = None, verdict: Plan | None = None,
+               postgres: tuple[str | None, str | None] | None = None) -> GatewayQuery:
         """Translate, then admit (place, defer or shed) one client query; returns at once.
 
         The text is planned first (:func:`~sloctl.serving.gateway.dialect.plan`
@@ -760,6 +762,9 @@ class Gateway:
         asked for (``X-Trino-Routing-Group``), else its class's. ``verdict``:
         the text's plan when the caller already has it (:meth:`plan_text`,
         which the HTTP door calls on a worker thread); else it is planned here.
+        ``postgres``: its PostgreSQL text, or why it has none
+        (:meth:`postgres_text_of`, also called off the event loop); else it is
+        translated when a PostgreSQL backend is first chosen.
 
         A session property with a bad value (``X-Trino-Session``) fails the
         query with ``INVALID_SESSION_PROPERTY``; a user with
@@ -803,6 +808,8 @@ class Gateway:
                              names=verdict.names, headers=verdict.headers, text=sql,
                              forward=dict(forward) if forward else None,
                              group=group or self.policy.klass(klass).group)
+            if postgres is not None:
+                q.pg_sql, q.pg_error = postgres
             self.queries[qid] = q
             self.counts["submitted"] += 1
             self._remember(q, submitted=True)
@@ -831,6 +838,21 @@ class Gateway:
     def plan_text(self, sql: str, trino: Session | None = None) -> Plan:
         """``sql`` planned in the client's session by a planner process, within ``plan_timeout_s`` (blocking)."""
         return self.planner.plan(sql, trino)
+
+    def postgres_text_of(self, sql: str, verdict: Plan) -> tuple[str | None, str | None] | None:
+        """``(text, None)`` for a PostgreSQL backend, or ``(None, why not)``; ``None`` when no backend needs it.
+
+        sqlglot's translation is parsing too: the door calls this on a worker
+        thread, after :meth:`plan_text` has bounded the text (its token and
+        nesting limits), never on the event loop or under the gateway lock.
+        """
+        if verdict.kind != "query" or verdict.target == "scratch" or not any(
+                spec.kind == "postgresql" for spec in list(self.backends.values())):
+            return None
+        try:
+            return postgres_text(sql), None
+        except ValueError as exc:
+            return None, str(exc)
 
     # -- per-user limits (Trino resource groups' hardConcurrencyLimit and maxQueued, per user) --------
     def _user_gate(self, q: GatewayQuery, now: float) -> None:
@@ -998,13 +1020,18 @@ class Gateway:
             sql, headers = q.text, q.forward
         elif kind == "postgresql":
             try:
-                if q.pg_sql is None:
+                if q.pg_error is not None:
+                    raise ValueError(q.pg_error)
+                if q.pg_sql is None:  # a caller that did not translate it first (submit without the door)
                     q.pg_sql = postgres_text(q.text)
                 sql = q.pg_sql
             except ValueError as exc:  # the query's own fault: no backend of this kind can run it
                 t = time.monotonic()
+                why = str(exc)
+                denied = why.startswith("Access Denied: ")  # the deny list refused it: a permission, not a gap
                 self._attempt_ended(attempt_id, QueryCompletion(
-                    attempt_id, cid, t, t, "error", f"NotImplementedException: not runnable on PostgreSQL: {exc}"))
+                    attempt_id, cid, t, t, "error", f"PermissionException: {why.removeprefix('Access Denied: ')}"
+                    if denied else f"NotImplementedException: not runnable on PostgreSQL: {why}"))
                 return
         try:
             self.pool.submit(cid, QueryRequest(

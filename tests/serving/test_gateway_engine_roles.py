@@ -130,6 +130,8 @@ def test_a_reader_cannot_read_host_files_or_end_other_sessions_and_the_next_user
                           ("SELECT pg_catalog.pg_cancel_backend(pid) FROM pg_stat_activity", "pg_cancel_backend")):
         err = _fails(client, sql)
         assert err.error_name == "PERMISSION_DENIED" and f"function {function} is not allowed" in err.message
+    err = _fails(client, "SELECT pid, query FROM pg_stat_activity")  # the other users' query text
+    assert err.error_name == "PERMISSION_DENIED" and "relation pg_stat_activity is not allowed" in err.message
     cur = _cursor(client, "alice")
     cur.execute("SELECT count(*) FROM items")
     assert cur.fetchall() == [[40]]
@@ -163,3 +165,15 @@ def test_a_trino_backend_warns_once_that_its_coordinators_access_control_decides
     engine_pool(spec, warn=lines.append).close()
     assert len(lines) == 1 and "t1" in lines[0] and "access control" in lines[0] and "X-Trino-User" in lines[0]
     assert spec.public()["warnings"] == lines
+
+
+@pytest.mark.parametrize("relation", ["pg_stat_activity", "pg_catalog.pg_stat_activity", "PG_LOCKS"])
+def test_views_of_other_sessions_are_refused_on_postgresql(relation):
+    """Every gateway user shares the backend's role: its views of other sessions would show their query text."""
+    from sloctl.serving.gateway.backends import postgres_text
+    from sloctl.serving.gateway.denylist import DENIED_RELATIONS
+
+    assert {"pg_stat_activity", "pg_locks", "pg_stat_statements"} <= set(DENIED_RELATIONS)
+    with pytest.raises(ValueError, match=r"Access Denied: relation pg_(stat_activity|locks) "):
+        postgres_text(f"SELECT * FROM {relation}")
+    assert postgres_text("SELECT count(*) FROM items").startswith("SELECT")
