@@ -149,9 +149,14 @@ DENIED_RELATIONS: dict[str, str] = {
 }
 
 
+def _base_name(name: str) -> str:
+    """``name`` without its schema or quotes, in lower case (how the lists spell their entries)."""
+    return name.strip().strip('"').rsplit(".", 1)[-1].strip().strip('"').lower()
+
+
 def denied_relation(name: str) -> str | None:
     """The refusal message for reading the relation ``name`` (any case, optionally schema-qualified), or ``None``."""
-    base = name.strip().strip('"').rsplit(".", 1)[-1].strip().strip('"').lower()
+    base = _base_name(name)
     reason = DENIED_RELATIONS.get(base)
     if reason is None:
         return None
@@ -182,7 +187,7 @@ class Denial:
 
 def denial_for(name: str) -> Denial | None:
     """The :class:`Denial` of calling a function named ``name`` (any case, optionally schema-qualified), or ``None``."""
-    base = name.strip().strip('"').rsplit(".", 1)[-1].strip().strip('"').lower()
+    base = _base_name(name)
     if base in DENIED_FUNCTIONS:
         return Denial(base, base, DENIED_FUNCTIONS[base])
     for prefix, reason in DENIED_PREFIXES.items():

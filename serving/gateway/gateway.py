@@ -1107,6 +1107,11 @@ class Gateway:
                     self.user_bytes.pop(q.user, None)
         return freed
 
+    def _let_go(self, q: GatewayQuery) -> None:
+        """Nobody will read ``q``'s result any more: free its pages and its user's running slot (lock held)."""
+        self._drop_pages(q)
+        self._user_done(q)
+
     def _credit(self, q: GatewayQuery, pages: int) -> None:
         """Let ``q``'s worker send ``pages`` more, now if its user's buffer has room, else once it has."""
         owed: list[tuple[GatewayQuery, int]] = []
@@ -1290,8 +1295,7 @@ class Gateway:
         for q in [q for q in self.queries.values() if now - q.polled_s > limit]:
             if q.done.is_set():
                 if q.pages:
-                    self._drop_pages(q)
-                    self._user_done(q)
+                    self._let_go(q)
                 continue
             self.counts["abandoned"] += 1
             self._cancel_locked(q, error("ABANDONED_QUERY", (
@@ -1406,8 +1410,7 @@ class Gateway:
         ttl = self.options.result_ttl_s
         for qid in [qid for qid, q in self.queries.items() if q.end_s is not None and now - q.end_s > ttl]:
             q = self.queries.pop(qid)
-            self._drop_pages(q)
-            self._user_done(q)
+            self._let_go(q)
 
     # -- client actions ----------------------------------------------------------------
     def get(self, query_id: str) -> GatewayQuery | None:
@@ -1419,8 +1422,7 @@ class Gateway:
         with self.lock:
             q = self.queries.get(query_id)
             if q is not None and q.done.is_set():  # its result is no longer wanted: free it now
-                self._drop_pages(q)
-                self._user_done(q)
+                self._let_go(q)
             if q is None or q.done.is_set():
                 return q is not None
             q.cancelled = True
@@ -1438,8 +1440,7 @@ class Gateway:
         if waiting is not None and q in waiting:
             waiting.remove(q)
         self._finish(q, self.now_s(), err, outcome)
-        self._drop_pages(q)  # after _finish: a page still in flight sees the query failed and is not kept
-        self._user_done(q)
+        self._let_go(q)  # after _finish: a page still in flight sees the query failed and is not kept
         for attempt_id, cid in running:  # the worker answers with a completion; nothing here waits for it
             with contextlib.suppress(ClusterPoolError):
                 self.pool.cancel(cid, attempt_id)

@@ -83,16 +83,13 @@ class _Process:
         self.proc = subprocess.Popen([sys.executable, "-m", "sloctl.serving.gateway.planner", str(memory_bytes)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      env=env, close_fds=True)
-        self.used = 0
 
     def ask(self, request: tuple[str, Catalog, Session | None], timeout_s: float) -> Plan:
         _write_frame(self.proc.stdin, request)
         deadline = time.monotonic() + timeout_s
         fd = self.proc.stdout.fileno()
         (size,) = _HEADER.unpack(_read_exact(fd, _HEADER.size, deadline))
-        answer = pickle.loads(_read_exact(fd, size, deadline))
-        self.used += 1
-        return answer
+        return pickle.loads(_read_exact(fd, size, deadline))
 
     def kill(self) -> None:
         with contextlib.suppress(Exception):  # already gone
@@ -207,9 +204,7 @@ def _serve(memory_bytes: int) -> None:
     """Read ``(text, catalog, session)`` frames from stdin, answer each with its Plan on stdout, until EOF."""
     _limit_memory(memory_bytes)
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
-    import threading as _threading
-
-    _threading.stack_size(256 << 20)  # deep ASTs recurse deeply: plan on a thread with room for it
+    threading.stack_size(256 << 20)  # deep ASTs recurse deeply: plan on a thread with room for it
 
     from sloctl.serving.gateway.dialect import plan
 
@@ -237,7 +232,7 @@ def _serve(memory_bytes: int) -> None:
         (size,) = _HEADER.unpack(header)
         request = pickle.loads(stdin.read(size))
         out: list[Plan] = []
-        worker = _threading.Thread(target=one, args=(request, out))
+        worker = threading.Thread(target=one, args=(request, out))
         worker.start()
         worker.join()
         _write_frame(stdout, out[0] if out else _refused("GENERIC_INTERNAL_ERROR", "The planner gave no answer."))
