@@ -18,7 +18,17 @@ itself; an Iconq+ router adds its per-decision cost on top (bench_router.py).
 simulation are close to linear in the query count, and the script prints the
 linear extrapolation to full size, labelled as such.
 
+With ``--log`` and ``--model`` it times instead what the Policy Tuner of
+``sloctl experiment end-to-end`` runs: the first scenario's forecast days
+(``--hourly``, default the Redset file in ../shared/data), simulated in the
+training log's world with each reactive layer side by side, one day at a
+time in this process — the cheap layer (packing router + Queue@N) and the
+layer that enacts the plan (the Iconq+ Query Router and the Autoscaler) —
+and then the same days as one SimulateBatch on ``--workers`` processes.
+It reports seconds per simulated day for both.
+
 Run: ``.venv/bin/python benchmarks/bench_policy_tuner.py [--scale 1.0] [--workers N]``
+or ``.venv/bin/python benchmarks/bench_policy_tuner.py --log L [--log L2 ...] --model M [--days 3]``
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -34,6 +45,7 @@ from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup, find_good
 from sloctl.simulation.batch import WarehouseRunner, simulate_batch
 from sloctl.simulation.emulator import WarehouseEmulator
 
+SHARED_HOURLY = Path(__file__).resolve().parents[2] / "shared" / "data" / "redset_serverless_hourly.parquet"
 FULL_QUERIES = 15_000
 FULL_FORECASTS = 10
 
@@ -62,13 +74,56 @@ def forecast(w: WarehouseEmulator, n: int, seed: int) -> list[Query]:
             for i, (p, t) in enumerate(zip(picks, arrivals, strict=True))]
 
 
+def layers(args: argparse.Namespace) -> None:
+    """Seconds per simulated forecast day for each reactive layer the Policy Tuner can plan with."""
+    from sloctl.datasets.merge import merge_logs
+    from sloctl.datasets.querylog import read_log
+    from sloctl.experiments.end_to_end import EndToEndConfig, tuner_layers
+
+    log = read_log(args.log[0]) if len(args.log) == 1 else merge_logs(args.log)[0]  # as the CLI merges them
+    cfg = EndToEndConfig()
+    cfg = cfg.quick() if args.quick else cfg
+    workloads, by_layer = tuner_layers(args.hourly, log, args.model, config=cfg, seed=args.seed)
+    workloads = workloads[:args.days]
+    n = int(np.mean([len(w) for w in workloads]))
+    workers = args.workers or os.cpu_count() or 1
+    print(f"ran: {len(workloads)} forecast days of the first end-to-end scenario, {n} queries a day on the mean; "
+          f"{os.cpu_count()} cores")
+    per_day = {}
+    for name, (runner, base) in by_layer.items():
+        runner(base, workloads[0], args.seed)  # warm: model load, feature cache
+        times, cells = [], []
+        for j, day in enumerate(workloads):
+            started = time.perf_counter()
+            cells.append(runner(base, day, args.seed + j))
+            times.append(time.perf_counter() - started)
+        per_day[name] = float(np.mean(times))
+        batch = simulate_batch([base], workloads, runner=runner, workers=workers, seed=args.seed)
+        print(f"  {name:6s} one process: {per_day[name]:.2f} s per simulated day (min {min(times):.2f}, "
+              f"max {max(times):.2f}); VR {np.mean([c.vr for c in cells]):.3f}; SimulateBatch of "
+              f"{len(workloads)} days on {batch.workers} workers ({batch.backend}): {batch.wall_s:.1f} s, "
+              f"{batch.wall_s / len(workloads):.2f} s per day")
+    print(f"iconq / queue, seconds per simulated day (same run): {per_day['iconq'] / per_day['queue']:.1f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="SimulateBatch throughput and FindGoodSpinupTime time.")
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of 15,000 queries per forecast")
     parser.add_argument("--forecasts", type=int, default=FULL_FORECASTS)
     parser.add_argument("--workers", type=int, default=None, help="default: all cores")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--log", action="append", default=None,
+                        help="a training log (repeat): time both reactive layers on its end-to-end forecasts")
+    parser.add_argument("--model", default=None, help="the Iconq+ bundle trained on --log")
+    parser.add_argument("--hourly", default=str(SHARED_HOURLY), help="Redset hourly counts")
+    parser.add_argument("--days", type=int, default=3, help="forecast days timed per layer")
+    parser.add_argument("--quick", action="store_true", help="the end-to-end's quick settings (a shorter day)")
     args = parser.parse_args()
+    if args.log or args.model:
+        if not (args.log and args.model):
+            parser.error("--log and --model go together")
+        layers(args)
+        return
     n = max(int(FULL_QUERIES * args.scale), 10)
     workers = args.workers or os.cpu_count() or 1
     w = world(args.seed)

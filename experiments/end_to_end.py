@@ -11,10 +11,15 @@ all; time-compressed as in :mod:`sloctl.experiments.history`):
   teardown timers, scheduled spin-ups) is then enacted by the reactive
   layer: the Iconq+ Query Router (§5) and the Autoscaler (Algorithms 2–3,
   §6) wrapped in :class:`~sloctl.control.scheduler.ScheduledSpinups`
-  (:class:`~sloctl.experiments.history.IconqReactiveRunner`). The tuning
-  loop plans with the cheap reactive layer of Table 5 (packing router +
-  Queue@N): the Iconq+ layer costs seconds per simulated day and the tuner
-  runs hundreds of simulations.
+  (:class:`~sloctl.experiments.history.IconqReactiveRunner`). The tuner
+  simulates every configuration with that same layer, in the training log's
+  world, over the starting clusters, the teardown timers and the
+  Autoscaler's ``τ_trigger``, ``θ``, ``μ`` and ``w`` (§7.5), and keeps the
+  cheapest plan whose validation VR ≤ ``τ − margin``, the margin being the
+  spread of the validated plans' VR over the forecast days.
+* ``oracle`` — not a baseline: the same Policy Tuner run on the graded day
+  itself in the grading world (hindsight), enacted like AutoSLO. AutoSLO's
+  gap to it is what forecasting costs.
 * ``fixed-peak`` — the cheapest fixed pool of one measured size that meets
   ``τ`` in the day's busiest hour, simulated in the grading world (the
   operator sized it for the peak it will meet); ``fixed-2x-half`` — the same
@@ -52,7 +57,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from sloctl.control.autoscaler import ArrivalScaler, AutoscalerConfig, decision_time
+from sloctl.control.autoscaler import ArrivalScaler, AutoscalerConfig, RelativeAutoscalerSettings, decision_time
 from sloctl.control.managed import ClusterView, ScalingAction
 from sloctl.control.router import Query, RoundRobinRouter
 from sloctl.control.scheduler import ExecutionConfig
@@ -71,6 +76,7 @@ from sloctl.experiments.history import (
     _queries,
     _scale,
     _tune_on_history,
+    forecast_days,
     grading_world,
     iconq_reactive_runner,
     log_data_hash,
@@ -79,7 +85,7 @@ from sloctl.experiments.history import (
 )
 from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_setup
 from sloctl.models.drift import DriftCalibration
-from sloctl.simulation.batch import cell_seed, explain_of
+from sloctl.simulation.batch import SimulationPool, cell_seed, explain_of
 from sloctl.simulation.engine import WarehouseSimulator
 
 if TYPE_CHECKING:
@@ -97,8 +103,13 @@ __all__ = [
     "plot_scenarios",
     "same_log_reason",
     "summarize",
+    "tuner_layers",
     "work_bound",
 ]
+
+
+TUNER_LAYERS = ("iconq", "queue")
+NOT_BASELINES = ("autoslo", "oracle")  # rows that never count as "the next best"
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,19 @@ class EndToEndConfig:
         queue_candidates: the ``N`` of Queue@N an operator tries; the one kept is the
             cheapest meeting ``τ`` over the ``queue_tune_days`` actual days before the
             target, simulated in the training log's world (what the operator knows).
+        tuner_layer: the reactive layer the Policy Tuner simulates each configuration
+            with, in the training log's world: ``iconq`` (the Iconq+ Query Router and the
+            Autoscaler, as the plan is enacted) or ``queue`` (packing router + Queue@N,
+            the cheap layer of Table 5: the rule before 2026-12-07).
+        tune_autoscaler: with the ``iconq`` layer, the Configuration Tuner also searches
+            the Autoscaler's ``τ_trigger``, ``θ``, ``μ`` and ``w`` (§7.5), besides the
+            starting clusters and the teardown timers.
+        margin: the plan is the cheapest whose validation VR ≤ ``τ − margin``;
+            ``"spread"``: the margin is the spread of the validated plans' VR over the
+            forecast days (:func:`~sloctl.training.policy_tuner.spread_margin`).
+        oracle: add the ``oracle`` row: the Policy Tuner run on the graded day itself in
+            the grading world (hindsight), graded like AutoSLO; it never competes.
+        workers: SimulateBatch processes of the Policy Tuner (default: every core).
     """
 
     tuner: HistoryExperimentConfig = field(default_factory=lambda: HistoryExperimentConfig(
@@ -161,6 +185,24 @@ class EndToEndConfig:
     sizes_from_logs: bool = True
     queue_candidates: tuple[int, ...] = (1, 2, 4, 8)
     queue_tune_days: int = 7
+    tuner_layer: str = "iconq"
+    tune_autoscaler: bool = True
+    margin: float | str = "spread"
+    oracle: bool = True
+    workers: int | None = None
+
+    def validate(self) -> None:
+        if self.tuner_layer not in TUNER_LAYERS:
+            raise ValueError(f"The 'tuner_layer' parameter of EndToEndConfig must be one of "
+                             f"{', '.join(TUNER_LAYERS)}, got {self.tuner_layer!r}.")
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 1):
+            raise ValueError(f"The 'workers' parameter of EndToEndConfig must be an integer >= 1 or None, "
+                             f"got {self.workers!r}.")
+        if self.margin != "spread" and not (isinstance(self.margin, int | float) and not isinstance(self.margin, bool)
+                                            and 0 <= self.margin <= self.tuner.tau_target):
+            raise ValueError(f"The 'margin' parameter of EndToEndConfig must be 'spread' or a number in "
+                             f"[0, τ = {self.tuner.tau_target}], got {self.margin!r}.")
 
     def quick(self) -> EndToEndConfig:
         """A small variant for tests and smoke runs (a shorter compressed day, less tuning)."""
@@ -320,6 +362,11 @@ def summarize(scenarios: Sequence[dict[str, Any]], baseline: str = "rais-balance
     violation rate; and ``floor_is_least``, whether every approach did pay at
     least the floor in every scenario (if not, the floor is no bound there).
 
+    Scenarios whose results hold an ``oracle`` (the Policy Tuner in hindsight:
+    the graded day, the grading world) add ``cost_vs_oracle``, AutoSLO's mean
+    cost relative to it: what forecasting costs. The oracle is never a
+    baseline (:data:`NOT_BASELINES`).
+
     Scenarios that carry a ``work_bound`` (:func:`work_bound`: the least any
     placement pays for the day's work) add ``work_bound_vs_next_best`` (its
     mean relative to the cheapest baseline meeting ``τ``) and
@@ -327,11 +374,13 @@ def summarize(scenarios: Sequence[dict[str, Any]], baseline: str = "rais-balance
     than the next best by more than that, so a cost target below it cannot be
     reached in this world.
     """
-    next_best, against, floor_vs, least = [], [], [], []
+    next_best, against, floor_vs, least, oracle_vs = [], [], [], [], []
     for s in scenarios:
         results = s["results"]
         mine = results["autoslo"]["cost"]
-        meeting = [r["cost"] for a, r in results.items() if a != "autoslo" and r["meets_tau"]]
+        meeting = [r["cost"] for a, r in results.items() if a not in NOT_BASELINES and r["meets_tau"]]
+        if "oracle" in results and results["oracle"]["cost"] > 0:
+            oracle_vs.append(mine / results["oracle"]["cost"] - 1.0)
         if meeting and min(meeting) > 0:
             next_best.append(mine / min(meeting) - 1.0)
             if "floor" in s:
@@ -348,11 +397,15 @@ def summarize(scenarios: Sequence[dict[str, Any]], baseline: str = "rais-balance
         summary["floor_vs_next_best"] = float(np.mean(floor_vs)) if floor_vs else None
         summary["floor_is_least"] = all(least)
     bound_vs = [s["work_bound"]["cost"] / min(m) - 1.0 for s in scenarios if "work_bound" in s
-                and (m := [r["cost"] for a, r in s["results"].items() if a != "autoslo" and r["meets_tau"]])
+                and (m := [r["cost"] for a, r in s["results"].items() if a not in NOT_BASELINES and r["meets_tau"]])
                 and min(m) > 0]
     if bound_vs:
         summary["work_bound_vs_next_best"] = float(np.mean(bound_vs))
         summary["work_bound_vs_next_best_max"] = float(np.max(bound_vs))
+    if oracle_vs:
+        summary["cost_vs_oracle"] = float(np.mean(oracle_vs))
+        summary["oracle_meets_tau_all"] = all(s["results"]["oracle"]["meets_tau"] for s in scenarios
+                                              if "oracle" in s["results"])
     return summary
 
 
@@ -470,6 +523,95 @@ class _Choices:
     half: list[tuple[str, int]]
     queue_n: int
     record: dict[str, Any]
+
+
+@dataclass(frozen=True, eq=False)
+class _Planner:
+    """The Policy Tuner as the experiment runs it: which layer it simulates with, over which knobs."""
+
+    cfg: EndToEndConfig
+    tcfg: HistoryExperimentConfig  # the tuner's settings, sizes as measured
+    runner: Any            # None: the cheap layer of the cell setup (packing + Queue@N)
+    oracle_runner: Any     # the same layer in the grading world (hindsight)
+    window_s: float
+    pools: dict[int, SimulationPool] = field(default_factory=dict)  # one per runner, kept across scenarios
+
+    def pool(self, runner: Any) -> SimulationPool:
+        if id(runner) not in self.pools:
+            self.pools[id(runner)] = SimulationPool(runner, self.cfg.workers)
+        return self.pools[id(runner)]
+
+    def close(self) -> None:
+        for pool in self.pools.values():
+            pool.close()
+        self.pools.clear()
+
+    @classmethod
+    def build(cls, cfg: EndToEndConfig, tcfg: HistoryExperimentConfig, train_world: WarehouseEmulator,
+              world: WarehouseEmulator, model_dir: str | Path, train_log: pd.DataFrame, *, mean_iso: float,
+              minimum_s: float, delay_s: float, router: RouterSection | None) -> _Planner:
+        window_s = RelativeAutoscalerSettings().window_s * mean_iso
+        if cfg.tuner_layer != "iconq":
+            return cls(cfg, tcfg, None, None, window_s)
+        common = dict(mean_iso=mean_iso, minimum_s=minimum_s, spinup_delay_s=delay_s, tau_target=tcfg.tau_target,
+                      sizes=tcfg.sizes, max_clusters=tcfg.max_clusters, router=router, sizes_from_plan=True,
+                      tuned_knobs=True)
+        return cls(cfg, tcfg, iconq_reactive_runner(train_world, model_dir, train_log, **common),
+                   iconq_reactive_runner(world, model_dir, train_log, **common) if cfg.oracle else None, window_s)
+
+    def base(self, setup: _CellSetup) -> ExecutionConfig:
+        """The configuration the tuner starts from: the Iconq+ layer's Autoscaler with the relative defaults."""
+        if self.runner is None:
+            return setup.base
+        relative, tcfg = RelativeAutoscalerSettings(), self.tcfg
+        knobs = dataclasses.replace(setup.autoscaler, window_s=self.window_s, theta=relative.theta,
+                                    tau_trigger=relative.tau_trigger, mu=relative.mu, tau_target=tcfg.tau_target,
+                                    candidate_sizes=tuple(tcfg.sizes))
+        return ExecutionConfig(autoscaler=knobs)
+
+    def knobs(self) -> dict[str, Any] | None:
+        """§7.5's Autoscaler knobs besides the teardown timers (the ``iconq`` layer only: Queue@N has none)."""
+        if self.runner is None or not self.cfg.tune_autoscaler:
+            return None
+        return {"tau_trigger": (0.02, 0.3, "log"), "theta": (5, 30, "int"), "mu": (10, 40, "int"),
+                "window_s": (0.5 * self.window_s, 2.0 * self.window_s, "log")}
+
+    def plan(self, cell: _Cell, setup: _CellSetup, slo_ref: dict[str, float], templates: list[str],
+             mean_iso: float, scale: float, tcfg: HistoryExperimentConfig) -> tuple[ExecutionConfig, dict[str, Any]]:
+        """The Policy Tuner on forecasts of the day, in the training log's world."""
+        margin = self.cfg.margin if self.runner is not None else 0.0
+        runner = self.runner if self.runner is not None else setup.runner  # the cheap layer: one per cell
+        pool = self.pool(runner) if self.runner is not None else None
+        return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, runner=runner,
+                                base=self.base(setup), knobs=self.knobs(), workers=self._workers(), margin=margin,
+                                pool=pool)
+
+    def oracle(self, cell: _Cell, setup: _CellSetup, day: list[list[Query]], slo_ref: dict[str, float],
+               templates: list[str], mean_iso: float, scale: float, tcfg: HistoryExperimentConfig
+               ) -> tuple[ExecutionConfig, dict[str, Any]]:
+        """The Policy Tuner on the graded day itself, in the grading world: the best of AutoSLO's family."""
+        if self.oracle_runner is None:
+            raise ValueError("The oracle needs the 'iconq' tuner layer and EndToEndConfig.oracle.")
+        return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, runner=self.oracle_runner,
+                                base=self.base(setup), knobs=self.knobs(), margin=0.0, workloads=day,
+                                pool=self.pool(self.oracle_runner))
+
+    def _workers(self) -> int:
+        import os
+
+        return self.cfg.workers or os.cpu_count() or 1
+
+
+def _plan_doc(plan: ExecutionConfig, hour_s: float, mean_iso: float) -> dict[str, Any]:
+    """A plan as the JSON shows it: starting clusters, scheduled spin-ups (hours), knobs (units of ℓ̄)."""
+    doc: dict[str, Any] = {"start_sizes": list(plan.start_sizes),
+                           "spinups": [[sp.time_s / hour_s, sp.size] for sp in plan.spinups]}
+    if plan.autoscaler is not None:
+        a = plan.autoscaler
+        doc.update({"t_idle_units": a.t_idle_s / mean_iso, "t_min_lifetime_units": a.t_min_lifetime_s / mean_iso,
+                    "window_units": a.window_s / mean_iso, "theta": a.theta, "tau_trigger": a.tau_trigger,
+                    "mu": a.mu})
+    return doc
 
 
 @dataclass(frozen=True, eq=False)
@@ -607,6 +749,82 @@ def _simulate_explained(world: WarehouseEmulator, clusters: list[tuple[str, int]
     return out.violation_rate, out.cost, explain_of(out)
 
 
+@dataclass(frozen=True, eq=False)
+class _Prepared:
+    """What every scenario shares: the instance, its days, both worlds and the compressed day's clock."""
+
+    tcfg: HistoryExperimentConfig
+    instance: int
+    rows: pd.DataFrame
+    days: list[str]
+    history_days: int
+    train_world: WarehouseEmulator
+    train_report: Any
+    slo_ref: dict[str, float]
+    templates: list[str]
+    mean_iso: float
+    world: WarehouseEmulator
+    report: Any
+    scale: float
+    hour_s: float
+    minimum_s: float
+    delay_s: float
+
+
+def _prepare(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, grade_log: pd.DataFrame,
+             cfg: EndToEndConfig, *, instance: int | None, seed: int) -> _Prepared:
+    tcfg = cfg.tuner
+    frame = _hourly_frame(hourly)
+    history_days = cfg.history_days
+    if instance is None:
+        instance = _pick_instance(frame, tcfg.n_target_days, history_days)
+    rows = frame[frame["instance_id"] == instance]
+    if rows.empty:
+        raise ValueError(f"The 'instance' parameter must name an instance_id of the hourly frame, got {instance!r}.")
+    days = pick_target_days(rows, tcfg.n_target_days, history_days + 1, min_gap_days=history_days + 1)
+    if not days:
+        raise ValueError(f"Instance {instance} has no weekday with {history_days + 1} days of history before it.")
+    if cfg.sizes_from_logs:
+        tcfg = dataclasses.replace(tcfg, sizes=measured_sizes(train_log, grade_log))
+    train_world, train_report, slo_ref, templates, mean_iso, _ = scaling_setup(
+        train_log, ScalingExperimentConfig(start_sizes=(1,), candidate_sizes=tuple(tcfg.sizes), seed=seed))
+    world, report, templates = grading_world(grade_log, templates, tcfg.sizes, seed=seed)
+    if cfg.slowdown != 1.0:
+        world = world.slowed(cfg.slowdown)
+    scale = _scale(rows[["ts", "query_count"]], min(days), tcfg)
+    hour_s = tcfg.hour_units * mean_iso
+    minimum_s, delay_s = tcfg.minimum_units * mean_iso, tcfg.spinup_delay_units * mean_iso
+    return _Prepared(tcfg, int(instance), rows, days, history_days, train_world, train_report, slo_ref, templates,
+                     mean_iso, world, report, scale, hour_s, minimum_s, delay_s)
+
+
+def tuner_layers(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, model_dir: str | Path, *,
+                 config: EndToEndConfig | None = None, seed: int = 0, instance: int | None = None,
+                 router: RouterSection | None = None
+                 ) -> tuple[list[list[Query]], dict[str, tuple[Any, ExecutionConfig]]]:
+    """The first scenario's forecast days and each reactive layer the Policy Tuner can simulate them with.
+
+    What ``benchmarks/bench_policy_tuner.py`` times: ``{layer: (runner,
+    base configuration)}`` for ``queue`` (packing + Queue@N) and ``iconq``
+    (the Iconq+ router and the Autoscaler), both in the training log's world.
+    """
+    cfg = config or EndToEndConfig()
+    cfg.validate()
+    p = _prepare(hourly, train_log, train_log, cfg, instance=instance, seed=seed)
+    tcfg = p.tcfg
+    cell = _Cell(p.instance, p.days[0], tcfg.kappas[0], p.history_days, seed)
+    setup = _cell_setup(cell, p.rows[["ts", "query_count"]], p.train_world, p.templates, p.mean_iso, p.scale, tcfg)
+    workloads = [_queries(f, p.templates, p.slo_ref, cell.kappa)
+                 for f in forecast_days(cell, setup, p.templates, p.scale, tcfg)]
+    layers = {}
+    for layer in TUNER_LAYERS:
+        planner = _Planner.build(dataclasses.replace(cfg, tuner_layer=layer, oracle=False), tcfg, p.train_world,
+                                 p.world, model_dir, train_log, mean_iso=p.mean_iso, minimum_s=p.minimum_s,
+                                 delay_s=p.delay_s, router=router)
+        layers[layer] = (planner.runner or setup.runner, planner.base(setup))
+    return workloads, layers
+
+
 def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, grade_log: pd.DataFrame,
                           model_dir: str | Path, *, instance: int | None = None,
                           config: EndToEndConfig | None = None, seed: int = 0, quick: bool = False,
@@ -640,92 +858,100 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
     cfg = config or EndToEndConfig()
     if quick:
         cfg = cfg.quick()
+    cfg.validate()
     tcfg, labels = cfg.tuner, labels or {}
     train_hash, grade_hash = log_data_hash(train_log), log_data_hash(grade_log)
     if train_hash == grade_hash and not allow_same_log:
         raise ValueError(f"The 'grade_log' parameter must be a log the model and the tuner never saw, got the "
                          f"training log's rows (data sha256 {grade_hash[:12]}); pass allow_same_log=True to grade "
                          f"on it anyway.")
-    frame = _hourly_frame(hourly)
-    history_days = cfg.history_days
-    if instance is None:
-        instance = _pick_instance(frame, tcfg.n_target_days, history_days)
-    rows = frame[frame["instance_id"] == instance]
-    if rows.empty:
-        raise ValueError(f"The 'instance' parameter must name an instance_id of the hourly frame, got {instance!r}.")
-    days = pick_target_days(rows, tcfg.n_target_days, history_days + 1, min_gap_days=history_days + 1)
-    if not days:
-        raise ValueError(f"Instance {instance} has no weekday with {history_days + 1} days of history before it.")
-    if cfg.sizes_from_logs:
-        tcfg = dataclasses.replace(tcfg, sizes=measured_sizes(train_log, grade_log))
-    train_world, train_report, slo_ref, templates, mean_iso, _ = scaling_setup(
-        train_log, ScalingExperimentConfig(start_sizes=(1,), candidate_sizes=tuple(tcfg.sizes), seed=seed))
-    world, report, templates = grading_world(grade_log, templates, tcfg.sizes, seed=seed)
-    if cfg.slowdown != 1.0:
-        world = world.slowed(cfg.slowdown)
-    scale = _scale(rows[["ts", "query_count"]], min(days), tcfg)
-    hour_s = tcfg.hour_units * mean_iso
-    minimum_s, delay_s = tcfg.minimum_units * mean_iso, tcfg.spinup_delay_units * mean_iso
+    p = _prepare(hourly, train_log, grade_log, cfg, instance=instance, seed=seed)
+    tcfg, instance, rows, days, history_days = p.tcfg, p.instance, p.rows, p.days, p.history_days
+    train_world, train_report, slo_ref, templates, mean_iso = (p.train_world, p.train_report, p.slo_ref,
+                                                               p.templates, p.mean_iso)
+    world, report, scale, hour_s, minimum_s, delay_s = p.world, p.report, p.scale, p.hour_s, p.minimum_s, p.delay_s
     drift = None if cfg.drift_window_units is None else DriftCalibration(window_s=cfg.drift_window_units * mean_iso)
     autoslo = iconq_reactive_runner(world, model_dir, train_log, mean_iso=mean_iso, minimum_s=minimum_s,
                                     spinup_delay_s=delay_s, tau_target=tcfg.tau_target, sizes=tcfg.sizes,
                                     max_clusters=tcfg.max_clusters, router=router,
-                                    sizes_from_plan=cfg.plan_sizes, drift=drift)
+                                    sizes_from_plan=cfg.plan_sizes, drift=drift,
+                                    tuned_knobs=cfg.tuner_layer == "iconq")
+    planner = _Planner.build(cfg, tcfg, train_world, world, model_dir, train_log, mean_iso=mean_iso,
+                             minimum_s=minimum_s, delay_s=delay_s, router=router)
     queue = HistoryRunner(world, minimum_s, tcfg.queue_n, tcfg.pack_n, delay_s, tcfg.max_clusters)
     capacity = _capacity_per_s(train_world, templates, tcfg.sizes)  # what the operator knows: the training log
     graders = _Graders(world, autoslo, queue, minimum_s, delay_s, hour_s, capacity, cfg)
 
     scenarios, details = [], []
-    for day in days:
-        forecast = None
-        for kappa in tcfg.kappas:
-            cell_started = time.perf_counter()
-            cell = _Cell(int(instance), day, kappa, history_days, seed)
-            setup = _cell_setup(cell, rows[["ts", "query_count"]], train_world, templates, mean_iso, scale, tcfg)
-            chosen, tuned = _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg)
-            if forecast is None:
-                with tempfile.TemporaryDirectory() as folder:
-                    forecaster = Forecaster(_history_reservoir(folder, cell, setup), tcfg.policy, seed=seed)
-                    forecast = forecaster.hourly_counts(setup.target) * scale / hour_s  # compressed arrivals per s
-            draws = [(_queries(a, templates, slo_ref, kappa), cell_seed(seed, 9 + d))
-                     for d, a in enumerate(setup.actuals)]
-            choices = _buy_baselines(world, setup, cell, draws[0], templates, slo_ref, scale, cfg, tcfg,
-                                     minimum_s=minimum_s)
-            results, resizes = {}, {}
-            for name in graders.names:
-                outs = [graders.run(name, q, s, plan=chosen, base=setup.base, forecast_per_s=forecast,
-                                    choices=choices) for q, s in draws]
-                vr, cost = float(np.mean([o[0] for o in outs])), float(np.mean([o[1] for o in outs])) / hour_s
-                results[name] = {"vr": vr, "cost": cost, "meets_tau": vr <= tcfg.tau_target,
-                                 "explain": explain_scenario([o[3] for o in outs], hour_s, tcfg.tau_target, vr)}
-                if name.startswith("rais-"):
-                    resizes[name] = outs[0][2]
-                if name == "autoslo" and outs[0][2]:  # the drift calibration at the day's end (first draw)
-                    results[name]["drift_calibration"] = outs[0][2]
-            floors = [graders.floor(q, s) for q, s in draws]
-            floor_vr = float(np.mean([f[0] for f in floors]))
-            scenario = {"day": day, "kappa": kappa, "results": results,
-                        "floor": {"vr": floor_vr, "cost": float(np.mean([f[1] for f in floors])) / hour_s,
-                                  "meets_tau": floor_vr <= tcfg.tau_target},
-                        "work_bound": {"cost": float(np.mean([work_bound(world, q, tcfg.sizes)
-                                                              for q, _ in draws])) / hour_s},
-                        "baselines": choices.record}
-            scenarios.append(scenario)
-            details.append({"instance": int(instance), "day": day, "kappa": kappa, **tuned,
-                            "start_sizes": list(chosen.start_sizes),
-                            "spinups": [[s.time_s / hour_s, s.size] for s in chosen.spinups],
-                            "rais_resizes": resizes, "forecast_per_hour": (forecast * hour_s).tolist(),
-                            "queries": int(np.mean([len(q) for q, _ in draws])),
-                            "wall_s": time.perf_counter() - cell_started,
-                            # what a live replay of this scenario needs (experiments/end_to_end_live.py)
-                            "arrivals": draws[0][0], "plan": chosen, "base": setup.base,
-                            "pools": {"fixed-peak": choices.peak, "fixed-2x-half": choices.half},
-                            "queue_n": choices.queue_n,
-                            "capacity_per_s": capacity, "forecast_per_s": forecast})
-            if on_scenario is not None:
-                on_scenario(scenario)
-            if on_progress is not None:
-                on_progress(len(scenarios), len(days) * len(tcfg.kappas))
+    try:
+        for day in days:
+            forecast = None
+            for kappa in tcfg.kappas:
+                cell_started = time.perf_counter()
+                cell = _Cell(int(instance), day, kappa, history_days, seed)
+                setup = _cell_setup(cell, rows[["ts", "query_count"]], train_world, templates, mean_iso, scale, tcfg)
+                chosen, tuned = planner.plan(cell, setup, slo_ref, templates, mean_iso, scale, tcfg)
+                if forecast is None:
+                    with tempfile.TemporaryDirectory() as folder:
+                        forecaster = Forecaster(_history_reservoir(folder, cell, setup), tcfg.policy, seed=seed)
+                        forecast = forecaster.hourly_counts(setup.target) * scale / hour_s  # compressed arrivals per s
+                draws = [(_queries(a, templates, slo_ref, kappa), cell_seed(seed, 9 + d))
+                         for d, a in enumerate(setup.actuals)]
+                choices = _buy_baselines(world, setup, cell, draws[0], templates, slo_ref, scale, cfg, tcfg,
+                                         minimum_s=minimum_s)
+                results, resizes = {}, {}
+                for name in graders.names:
+                    outs = [graders.run(name, q, s, plan=chosen, base=setup.base, forecast_per_s=forecast,
+                                        choices=choices) for q, s in draws]
+                    vr, cost = float(np.mean([o[0] for o in outs])), float(np.mean([o[1] for o in outs])) / hour_s
+                    results[name] = {"vr": vr, "cost": cost, "meets_tau": vr <= tcfg.tau_target,
+                                     "explain": explain_scenario([o[3] for o in outs], hour_s, tcfg.tau_target, vr)}
+                    if name.startswith("rais-"):
+                        resizes[name] = outs[0][2]
+                    if name == "autoslo" and outs[0][2]:  # the drift calibration at the day's end (first draw)
+                        results[name]["drift_calibration"] = outs[0][2]
+                results["autoslo"]["planned"] = {"vr": tuned["validation_vr"], "cost": tuned["validation_cost"],
+                                                 "margin": tuned.get("margin", 0.0),
+                                                 "target": tcfg.tau_target - tuned.get("margin", 0.0),
+                                                 "plan": _plan_doc(chosen, hour_s, mean_iso)}
+                if planner.oracle_runner is not None:
+                    hindsight, oracle_row = planner.oracle(cell, setup, [q for q, _ in draws], slo_ref, templates,
+                                                          mean_iso, scale, tcfg)
+                    outs = [graders.run("autoslo", q, s, plan=hindsight, base=setup.base, forecast_per_s=forecast,
+                                        choices=choices) for q, s in draws]
+                    vr, cost = float(np.mean([o[0] for o in outs])), float(np.mean([o[1] for o in outs])) / hour_s
+                    results["oracle"] = {"vr": vr, "cost": cost, "meets_tau": vr <= tcfg.tau_target,
+                                         "explain": explain_scenario([o[3] for o in outs], hour_s, tcfg.tau_target, vr),
+                                         "planned": {"vr": oracle_row["validation_vr"],
+                                                     "cost": oracle_row["validation_cost"], "margin": 0.0,
+                                                     "target": tcfg.tau_target,
+                                                     "plan": _plan_doc(hindsight, hour_s, mean_iso)}}
+                floors = [graders.floor(q, s) for q, s in draws]
+                floor_vr = float(np.mean([f[0] for f in floors]))
+                scenario = {"day": day, "kappa": kappa, "results": results,
+                            "floor": {"vr": floor_vr, "cost": float(np.mean([f[1] for f in floors])) / hour_s,
+                                      "meets_tau": floor_vr <= tcfg.tau_target},
+                            "work_bound": {"cost": float(np.mean([work_bound(world, q, tcfg.sizes)
+                                                                  for q, _ in draws])) / hour_s},
+                            "baselines": choices.record}
+                scenarios.append(scenario)
+                details.append({"instance": int(instance), "day": day, "kappa": kappa, **tuned,
+                                "start_sizes": list(chosen.start_sizes),
+                                "spinups": [[s.time_s / hour_s, s.size] for s in chosen.spinups],
+                                "rais_resizes": resizes, "forecast_per_hour": (forecast * hour_s).tolist(),
+                                "queries": int(np.mean([len(q) for q, _ in draws])),
+                                "wall_s": time.perf_counter() - cell_started,
+                                # what a live replay of this scenario needs (experiments/end_to_end_live.py)
+                                "arrivals": draws[0][0], "plan": chosen, "base": setup.base,
+                                "pools": {"fixed-peak": choices.peak, "fixed-2x-half": choices.half},
+                                "queue_n": choices.queue_n,
+                                "capacity_per_s": capacity, "forecast_per_s": forecast})
+                if on_scenario is not None:
+                    on_scenario(scenario)
+                if on_progress is not None:
+                    on_progress(len(scenarios), len(days) * len(tcfg.kappas))
+    finally:
+        planner.close()
     gaps = [(dt.date.fromisoformat(a) - dt.date.fromisoformat(b)).days for a, b in zip(days, days[1:], strict=False)]
     world_doc = {
         "graded_by": ("the held-out grade log's world: service demand drawn from its isolated executions per "
@@ -753,7 +979,15 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
         "reactive": {"autoslo": "Iconq+ router + Autoscaler (Algorithms 2-3, mode add) + teardown, plan enacted "
                                 "through ScheduledSpinups"
                                 + (", adding the sizes the plan was tuned with" if cfg.plan_sizes else ""),
-                     "tuner": "packing router + Queue@N + teardown (the Iconq+ layer is too slow for tuning)"},
+                     "tuner": ("the same Iconq+ layer, in the training log's world, over the starting clusters, "
+                               "the teardown timers" + (", τ_trigger, θ, μ and w" if cfg.tune_autoscaler else "")
+                               + "; the plan is the cheapest whose validation VR ≤ τ − margin"
+                               if cfg.tuner_layer == "iconq" else
+                               "packing router + Queue@N + teardown (the layer before 2026-12-07)"),
+                     "oracle": ("the Policy Tuner on the graded day's own arrivals in the grading world "
+                                "(hindsight), enacted like AutoSLO; never a baseline"
+                                if planner.oracle_runner is not None else None)},
+        "tuner_layer": cfg.tuner_layer, "margin": cfg.margin,
         "sizes": list(tcfg.sizes), "sizes_from_logs": cfg.sizes_from_logs,
         "baselines": {"fixed-peak": "the cheapest pool of one measured size (round-robin, at most max_clusters) "
                                     "meeting τ in the day's busiest hour, simulated in the grading world",

@@ -670,12 +670,13 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
     plan: ExecutionConfig = detail["plan"]
     plan_sizes = bool(result.world.get("autoslo_sizes_from_plan", False))
     if plan.autoscaler is not None:  # what the simulation enacted the plan with (IconqReactiveRunner)
-        sim_knobs = dataclasses.replace(plan.autoscaler, window_s=relative.window_s * mean_iso,
-                                        theta=relative.theta, tau_trigger=relative.tau_trigger, mu=relative.mu,
-                                        tau_target=tuner.tau_target,
+        sim_knobs = dataclasses.replace(plan.autoscaler, tau_target=tuner.tau_target,
                                         candidate_sizes=tuple(plan.autoscaler.candidate_sizes if plan_sizes
                                                               else tuner.sizes),
                                         max_clusters=tuner.max_clusters)
+        if result.world.get("tuner_layer", "queue") != "iconq":  # a plan tuned with another layer: defaults
+            sim_knobs = dataclasses.replace(sim_knobs, window_s=relative.window_s * mean_iso, theta=relative.theta,
+                                            tau_trigger=relative.tau_trigger, mu=relative.mu)
     live_plan = scale_plan(plan, sim_knobs, scale, runtime_delay_s)
     baseline = best_baseline(scenario["results"])
     cost_unit_s = hour_s * scale

@@ -81,7 +81,7 @@ from sloctl.models.drift import DriftCalibratedPredictor, DriftCalibration
 from sloctl.models.online import OnlinePredictor
 from sloctl.registry.bundles import load_predictor
 from sloctl.registry.routers import build_router
-from sloctl.simulation.batch import CellResult, cell_seed, explain_of, simulate_batch, timeline_of
+from sloctl.simulation.batch import CellResult, SimulationPool, cell_seed, explain_of, timeline_of
 from sloctl.simulation.emulator import calibrate
 from sloctl.simulation.engine import WarehouseSimulator
 from sloctl.training.policy_tuner import SearchSpace, tune_policy
@@ -240,6 +240,10 @@ class IconqReactiveRunner:
             instead of ``candidate_sizes``.
         drift: calibrate predictions against completions online
             (:mod:`sloctl.models.drift`); None: trust the model as trained.
+        tuned_knobs: the configuration's own ``w``, ``θ``, ``τ_trigger``,
+            ``μ`` and ``τ`` run (those a Policy Tuner searching with this
+            runner chose); ``False``: this runner's fields replace them (a
+            plan tuned with another reactive layer).
     """
 
     world: WarehouseEmulator
@@ -260,6 +264,7 @@ class IconqReactiveRunner:
     max_clusters: int = 4
     sizes_from_plan: bool = False
     drift: DriftCalibration | None = None
+    tuned_knobs: bool = False
 
     def make_router(self, model: Any) -> IconqRouter:
         """An Iconq+ router over ``model`` (the live one, or a fork for the size selector's what-if runs)."""
@@ -274,10 +279,11 @@ class IconqReactiveRunner:
         inner = None
         if config.autoscaler is not None:
             sizes = config.autoscaler.candidate_sizes if self.sizes_from_plan else self.candidate_sizes
-            knobs = dataclasses.replace(config.autoscaler, window_s=self.window_s, theta=self.theta,
-                                        tau_trigger=self.tau_trigger, mu=self.mu, tau_target=self.tau_target,
-                                        candidate_sizes=tuple(sizes),
+            knobs = dataclasses.replace(config.autoscaler, candidate_sizes=tuple(sizes),
                                         spinup_delay_s=self.spinup_delay_s, max_clusters=self.max_clusters)
+            if not self.tuned_knobs:
+                knobs = dataclasses.replace(knobs, window_s=self.window_s, theta=self.theta,
+                                            tau_trigger=self.tau_trigger, mu=self.mu, tau_target=self.tau_target)
             inner = autoscaler_for(knobs, router, self.make_router, minimum_s=self.minimum_s)
         scheduled = ScheduledSpinups(config.spinups, inner, spinup_delay_s=self.spinup_delay_s,
                                      max_clusters=self.max_clusters)
@@ -292,8 +298,8 @@ class IconqReactiveRunner:
 def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: pd.DataFrame, *, mean_iso: float,
                           minimum_s: float, spinup_delay_s: float, tau_target: float, sizes: Sequence[int],
                           max_clusters: int, router: RouterSection | None = None,
-                          sizes_from_plan: bool = False, drift: DriftCalibration | None = None
-                          ) -> IconqReactiveRunner:
+                          sizes_from_plan: bool = False, drift: DriftCalibration | None = None,
+                          tuned_knobs: bool = False) -> IconqReactiveRunner:
     """The :class:`IconqReactiveRunner` for a model bundle, its router settings resolved by ``build_router``.
 
     Args:
@@ -311,6 +317,8 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
         sizes_from_plan: add clusters of the plan's own candidate sizes
             (those the Policy Tuner planned with), not of ``sizes``.
         drift: the online drift calibration's settings (None: off).
+        tuned_knobs: run each configuration's own Autoscaler knobs
+            (:attr:`IconqReactiveRunner.tuned_knobs`).
     """
     from sloctl.core.config import RouterSection
 
@@ -324,7 +332,8 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
         world, str(model_dir), table, built.slo_margin, built.cost_tolerance, minimum_s,
         relative.window_s * mean_iso, spinup_delay_s, guard=built.guard, violation_spread=built.violation_spread,
         theta=relative.theta, tau_trigger=relative.tau_trigger, mu=relative.mu, tau_target=tau_target,
-        candidate_sizes=tuple(sizes), max_clusters=max_clusters, sizes_from_plan=sizes_from_plan, drift=drift)
+        candidate_sizes=tuple(sizes), max_clusters=max_clusters, sizes_from_plan=sizes_from_plan, drift=drift,
+        tuned_knobs=tuned_knobs)
 
 
 # -- instances, days and workloads ---------------------------------------------------------------------------
@@ -499,47 +508,89 @@ def _history_reservoir(folder: str | Path, cell: _Cell, setup: _CellSetup) -> Re
 
 
 def _tune_on_history(cell: _Cell, setup: _CellSetup, slo_ref: dict[str, float], templates: list[str],
-                     mean_iso: float, scale: float, cfg: HistoryExperimentConfig
-                     ) -> tuple[ExecutionConfig, dict[str, Any]]:
-    """The Policy Tuner on ``H > 0`` days of forecasts (§8.7): the chosen configuration and what to report."""
-    hour_s, autoscaler, base = setup.hour_s, setup.autoscaler, setup.base
+                     mean_iso: float, scale: float, cfg: HistoryExperimentConfig, *, runner: Any = None,
+                     base: ExecutionConfig | None = None, knobs: dict[str, Any] | None = None, workers: int = 1,
+                     margin: float | str = 0.0, workloads: list[list[Query]] | None = None,
+                     pool: SimulationPool | None = None) -> tuple[ExecutionConfig, dict[str, Any]]:
+    """The Policy Tuner on ``H > 0`` days of forecasts (§8.7): the chosen configuration and what to report.
+
+    Args:
+        runner: the reactive layer every configuration is simulated with
+            (default: ``setup.runner``, packing + Queue@N).
+        base: the configuration the knobs are applied to (default ``setup.base``).
+        knobs: search-space entries added to the starting clusters and the
+            teardown timers (``tune_knobs``).
+        workers: SimulateBatch processes.
+        margin: :func:`~sloctl.training.policy_tuner.tune_knobs`'s margin below ``τ``.
+        workloads: tune on these (train then validation) instead of forecasts
+            of the history (the oracle: the graded day itself).
+        pool: simulate on this pool (its runner, not ``runner``); default: a
+            pool of ``workers`` processes for this call.
+    """
+    if pool is None:
+        with SimulationPool(runner if runner is not None else setup.runner, workers) as own:
+            return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, cfg, base=base, knobs=knobs,
+                                    margin=margin, workloads=workloads, pool=own)
+    hour_s, autoscaler = setup.hour_s, setup.autoscaler
+    base = base if base is not None else setup.base
+    forecasts = forecast_days(cell, setup, templates, scale, cfg) if workloads is None else []
+    if workloads is None:
+        workloads = [_queries(f, templates, slo_ref, cell.kappa) for f in forecasts]
+    n_train = cfg.n_train if len(workloads) > cfg.n_train else max(len(workloads) - 1, 1)
+    evaluate = partial(pool.simulate, seed=cell_seed(cell.seed, 7))
+    schedule_args = dict(evaluate=evaluate, train=workloads[:n_train], validation=workloads[n_train:] or workloads,
+                         sizes=cfg.sizes, tau_target=cfg.tau_target, delta_s=autoscaler.spinup_delay_s,
+                         eta=cfg.eta, phi=cfg.phi, sigma_min_s=cfg.sigma_min_hours * hour_s,
+                         merge_gap_s=cfg.merge_gap_hours * hour_s)
+    row: dict[str, Any] = {}
+    started = time.perf_counter()
+    if cfg.tune_knobs:
+        space = SearchSpace({
+            "start_clusters": [1, 2], "start_size": list(cfg.sizes),
+            "t_idle_s": (0.2 * autoscaler.t_idle_s, 5.0 * autoscaler.t_idle_s, "log"),
+            "t_min_lifetime_s": (0.2 * autoscaler.t_min_lifetime_s, 5.0 * autoscaler.t_min_lifetime_s, "log"),
+            **(knobs or {})})
+        policy = tune_policy(space, base=base, strategy="adaptive", budget=cfg.knob_budget, seed=cell.seed,
+                             margin=margin, **schedule_args)
+        result, chosen = policy.schedule, policy.best
+        row["knobs"] = {"start_sizes": list(chosen.start_sizes),
+                        "t_idle_units": chosen.autoscaler.t_idle_s / mean_iso,
+                        "t_min_lifetime_units": chosen.autoscaler.t_min_lifetime_s / mean_iso}
+        for name in (knobs or {}):
+            value = getattr(chosen.autoscaler, name)
+            row["knobs"][name.removesuffix("_s") + "_units" if name.endswith("_s") else name] = (
+                value / mean_iso if name.endswith("_s") else value)
+        row["margin"] = policy.tuning.margin
+        row["simulations"] = result.simulations + len(policy.tuning.trials) * n_train \
+            + len(policy.tuning.top) * len(schedule_args["validation"])
+    else:
+        result = schedule_spinups([base], **schedule_args)
+        chosen = result.best
+        row["simulations"] = result.simulations
+    row.update({"validation_vr": result.best_validation[0], "validation_cost": result.best_validation[1] / hour_s,
+                "tuner_wall_s": time.perf_counter() - started})
+    if forecasts:
+        forecast_hourly = np.mean([np.bincount(np.minimum((f[0] // hour_s).astype(int), 23), minlength=24)
+                                   for f in forecasts], axis=0)
+        actual_hourly = np.bincount(np.minimum((setup.actuals[0][0] // hour_s).astype(int), 23), minlength=24)
+        row.update({
+            "forecast_queries": float(np.mean([len(f[0]) for f in forecasts])),
+            "forecast_wape": float(np.abs(forecast_hourly - actual_hourly).sum() / max(actual_hourly.sum(), 1)),
+            "forecast_fingerprints": [_fingerprint(f) for f in forecasts]})
+    return chosen, row
+
+
+def forecast_days(cell: _Cell, setup: _CellSetup, templates: list[str], scale: float,
+                  cfg: HistoryExperimentConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The ``n_train + n_validation`` forecast days the Policy Tuner plans on (arrivals and templates)."""
     forecasts = []
     with tempfile.TemporaryDirectory() as folder:
         forecaster = Forecaster(_history_reservoir(folder, cell, setup), cfg.policy, seed=cell.seed)
         for j in range(cfg.n_train + cfg.n_validation):
             pairs = forecaster.workload(setup.target, seed=cell.seed * 1000 + j)
-            forecasts.append(_compress(pairs, scale, hour_s, templates,
+            forecasts.append(_compress(pairs, scale, setup.hour_s, templates,
                                        np.random.default_rng([*setup.day_seed, 100 + j])))
-    workloads = [_queries(f, templates, slo_ref, cell.kappa) for f in forecasts]
-    evaluate = partial(simulate_batch, runner=setup.runner, workers=1, seed=cell_seed(cell.seed, 7))
-    schedule_args = dict(evaluate=evaluate, train=workloads[:cfg.n_train], validation=workloads[cfg.n_train:],
-                         sizes=cfg.sizes, tau_target=cfg.tau_target, delta_s=autoscaler.spinup_delay_s,
-                         eta=cfg.eta, phi=cfg.phi, sigma_min_s=cfg.sigma_min_hours * hour_s,
-                         merge_gap_s=cfg.merge_gap_hours * hour_s)
-    row: dict[str, Any] = {}
-    if cfg.tune_knobs:
-        space = SearchSpace({
-            "start_clusters": [1, 2], "start_size": list(cfg.sizes),
-            "t_idle_s": (0.2 * autoscaler.t_idle_s, 5.0 * autoscaler.t_idle_s, "log"),
-            "t_min_lifetime_s": (0.2 * autoscaler.t_min_lifetime_s, 5.0 * autoscaler.t_min_lifetime_s, "log")})
-        policy = tune_policy(space, base=base, strategy="adaptive", budget=cfg.knob_budget, seed=cell.seed,
-                             **schedule_args)
-        result, chosen = policy.schedule, policy.best
-        row["knobs"] = {"start_sizes": list(chosen.start_sizes),
-                        "t_idle_units": chosen.autoscaler.t_idle_s / mean_iso,
-                        "t_min_lifetime_units": chosen.autoscaler.t_min_lifetime_s / mean_iso}
-    else:
-        result = schedule_spinups([base], **schedule_args)
-        chosen = result.best
-    forecast_hourly = np.mean([np.bincount(np.minimum((f[0] // hour_s).astype(int), 23), minlength=24)
-                               for f in forecasts], axis=0)
-    actual_hourly = np.bincount(np.minimum((setup.actuals[0][0] // hour_s).astype(int), 23), minlength=24)
-    row.update({
-        "forecast_queries": float(np.mean([len(f[0]) for f in forecasts])),
-        "forecast_wape": float(np.abs(forecast_hourly - actual_hourly).sum() / max(actual_hourly.sum(), 1)),
-        "forecast_fingerprints": [_fingerprint(f) for f in forecasts],
-        "validation_vr": result.best_validation[0], "simulations": result.simulations})
-    return chosen, row
+    return forecasts
 
 
 def _run_cell(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, slo_ref: dict[str, float],

@@ -44,8 +44,8 @@ if TYPE_CHECKING:
     from sloctl.simulation.emulator import WarehouseEmulator
     from sloctl.simulation.engine import SimulationResult
 
-__all__ = ["BatchResult", "CellResult", "SimulateBatch", "WarehouseRunner", "cell_seed", "pack_folder",
-           "simulate_batch", "timeline_of"]
+__all__ = ["BatchResult", "CellResult", "SimulateBatch", "SimulationPool", "WarehouseRunner", "cell_seed",
+           "pack_folder", "simulate_batch", "timeline_of"]
 
 Runner = Callable[[ExecutionConfig, Sequence["Query"], int], "CellResult"]
 
@@ -282,7 +282,83 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(runner: Runner, workloads: Sequence[Sequence[Query]]) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per simulation; torch reads this on import
+    import sys
+
+    if "torch" in sys.modules:  # unpickling the runner may have imported it already
+        sys.modules["torch"].set_num_threads(1)
     _WORKER["runner"], _WORKER["workloads"] = runner, workloads
+
+
+def _pool_task(i: int, j: int, config: ExecutionConfig, seed: int, queries: Sequence[Query]
+               ) -> tuple[int, int, CellResult]:
+    return i, j, _WORKER["runner"](config, queries, seed)
+
+
+class SimulationPool:
+    """SimulateBatch on a process pool kept across calls: the Policy Tuner's hundreds of batches, one start.
+
+    :func:`simulate_batch` starts a pool per call; the tuner calls it once per
+    search batch and per scheduler round, and each start (a spawned
+    interpreter importing PyTorch and loading the model) costs seconds. Here
+    the runner travels once per worker and each task carries its workload.
+    Results equal :func:`simulate_batch`'s for the same runner and seed.
+
+    Use as a context manager (the pool is shut down on exit); ``workers=1``
+    runs inline, with no processes.
+    """
+
+    def __init__(self, runner: Runner, workers: int | None = None) -> None:
+        self.runner = runner
+        self.workers = max(int(workers or os.cpu_count() or 1), 1)
+        self._pool: Any = None
+
+    def __enter__(self) -> SimulationPool:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def simulate(self, configs: Sequence[ExecutionConfig], workloads: Sequence[Sequence[Query]], *, seed: int = 0,
+                 on_progress: Callable[[int, int], None] | None = None) -> BatchResult:
+        """The matrix ``R`` of ``configs`` × ``workloads`` (as :func:`simulate_batch`)."""
+        import time
+
+        started = time.perf_counter()
+        total = len(configs) * len(workloads)
+        cells: list[list[CellResult | None]] = [[None] * len(workloads) for _ in configs]
+        tasks = [(i, j, config, cell_seed(seed, j)) for i, config in enumerate(configs)
+                 for j in range(len(workloads))]
+        done = 0
+        if self.workers <= 1 or total <= 1:
+            for i, j, config, s in tasks:
+                cells[i][j] = self.runner(config, workloads[j], s)
+                done += 1
+                if on_progress is not None:
+                    on_progress(done, total)
+            return BatchResult(cells, time.perf_counter() - started, "inline", 1)  # type: ignore[arg-type]
+        if self._pool is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_init_worker, initargs=(self.runner, []))
+        from concurrent.futures import as_completed
+
+        futures = [self._pool.submit(_pool_task, i, j, config, s, workloads[j]) for i, j, config, s in tasks]
+        for future in as_completed(futures):
+            i, j, cell = future.result()
+            cells[i][j] = cell
+            done += 1
+            if on_progress is not None:
+                on_progress(done, total)
+        return BatchResult(cells, time.perf_counter() - started, "process", self.workers)  # type: ignore[arg-type]
+
+    __call__ = simulate
 
 
 def _pool_cell(i: int, j: int, config: ExecutionConfig, seed: int) -> tuple[int, int, CellResult]:

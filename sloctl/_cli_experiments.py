@@ -807,6 +807,16 @@ def experiment_end_to_end_cmd(
     explain: bool = typer.Option(False, "--explain", help="Also print where each approach's money went: billed, "
                                  "busy and minimum-window hours, billing windows opened, spin-ups and tear-downs by "
                                  "who asked, and the VR slack (τ − VR); the JSON always holds it."),
+    tuner_layer: str = typer.Option("iconq", "--tuner-layer", help="The reactive layer the Policy Tuner "
+                                    "simulates each configuration with: 'iconq' (the Iconq+ router and the "
+                                    "Autoscaler, as the plan is enacted) or 'queue' (packing + Queue@N: cheaper, "
+                                    "the rule before 2026-12-07)."),
+    margin: str = typer.Option("spread", "--margin", help="Plan for VR ≤ τ − margin: a number, or 'spread' (the "
+                               "validated plans' VR spread over the forecast days)."),
+    oracle: bool = typer.Option(True, "--oracle/--no-oracle", help="Add the oracle row: the Policy Tuner on the "
+                                "graded day itself (hindsight), never a baseline (iconq layer only)."),
+    workers: int | None = typer.Option(None, "--workers", help="Processes the Policy Tuner simulates on "
+                                       "(default: every core)."),
     config: Config = None,
 ) -> None:
     """AutoSLO end to end (§8.2): the Policy Tuner's plan + Iconq+ router + Autoscaler vs fixed clusters, Queue@N
@@ -821,6 +831,17 @@ def experiment_end_to_end_cmd(
                                  param_hint="--peak-load")
     if max_clusters is not None and not 1 <= max_clusters <= 256:
         raise typer.BadParameter(f"must be a whole number in [1, 256]; got {max_clusters}", param_hint="--max-clusters")
+    if tuner_layer not in ("iconq", "queue"):
+        raise typer.BadParameter(f"must be 'iconq' or 'queue'; got {tuner_layer!r}", param_hint="--tuner-layer")
+    try:
+        margin_value: float | str = margin if margin == "spread" else float(margin)
+    except ValueError:
+        margin_value = -1.0
+    if margin_value != "spread" and not 0 <= margin_value <= 1:  # type: ignore[operator]
+        raise typer.BadParameter(f"must be 'spread' or a violation rate in [0, τ]; got {margin!r}",
+                                 param_hint="--margin")
+    if workers is not None and not 1 <= workers <= 256:
+        raise typer.BadParameter(f"must be a whole number in [1, 256]; got {workers}", param_hint="--workers")
     live_cfg = _live_end_to_end(live_kappa, live_time_scale, live_max_day_s, live_max_queries, live_budgets,
                                 live_registry) if live else None
     hourly = _hourly_or_exit(hourly)
@@ -832,7 +853,9 @@ def experiment_end_to_end_cmd(
     result, live_doc = _run_end_to_end(hourly, train, grade, model, cfg, labels, live_db, live_cfg,
                                        instance=instance, seed=seed, quick=quick, allow_same_log=allow_same_log,
                                        slowdown=slowdown, drift_window=drift_window, peak_load=peak_load,
-                                       max_clusters=max_clusters)
+                                       max_clusters=max_clusters,
+                                       planner={"tuner_layer": tuner_layer, "margin": margin_value,
+                                                "oracle": oracle and tuner_layer == "iconq", "workers": workers})
     if plots is not None and str(plots) not in ("", "."):  # typer reads --plots '' as Path('.')
         from sloctl.experiments.end_to_end import plot_scenarios
 
@@ -892,7 +915,8 @@ def _hourly_or_exit(hourly: Path | None) -> Path:
 
 def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db, live_cfg, *, instance, seed: int,
                     quick: bool, allow_same_log: bool, slowdown: float = 1.0, drift_window: float | None = None,
-                    peak_load: float | None = None, max_clusters: int | None = None):
+                    peak_load: float | None = None, max_clusters: int | None = None,
+                    planner: dict | None = None):
     """The simulated experiment, then (with ``live_cfg``) its live scenario; (result, live JSON or None)."""
     import contextlib
     import dataclasses
@@ -912,7 +936,7 @@ def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db
             bar.update(done, total=total, description=f"experiment end-to-end --live: {approach}, queries")
 
         bundle = _model_folder(model, cfg, stack)
-        sim_cfg = EndToEndConfig(slowdown=slowdown, drift_window_units=drift_window)
+        sim_cfg = EndToEndConfig(slowdown=slowdown, drift_window_units=drift_window, **(planner or {}))
         tuner = {k: v for k, v in (("peak_load", peak_load), ("max_clusters", max_clusters)) if v is not None}
         if tuner:
             sim_cfg = dataclasses.replace(sim_cfg, tuner=dataclasses.replace(sim_cfg.tuner, **tuner))
@@ -934,8 +958,11 @@ def _echo_end_to_end(doc: dict) -> None:
                f"{world['train_log']['source']}")
     for s in doc["scenarios"]:
         for name, r in s["results"].items():
+            planned = r.get("planned")
+            plan = "" if planned is None else (f"  (planned VR {planned['vr']:.3f} for ≤ {planned['target']:.3f}, "
+                                               f"cost {planned['cost']:.2f}, in the tuner's world)")
             typer.echo(f"{s['day']} κ={s['kappa']:g}  {name:<17} VR {r['vr']:.3f}  cost {r['cost']:8.2f}  "
-                       f"{'meets τ' if r['meets_tau'] else 'misses τ'}")
+                       f"{'meets τ' if r['meets_tau'] else 'misses τ'}{plan}")
         if "floor" in s:
             f = s["floor"]
             typer.echo(f"{s['day']} κ={s['kappa']:g}  {'(floor)':<17} VR {f['vr']:.3f}  cost {f['cost']:8.2f}  "
@@ -951,6 +978,9 @@ def _echo_end_to_end(doc: dict) -> None:
     typer.echo(f"AutoSLO meets τ in every scenario: {summary['autoslo_meets_tau_all']}; cost vs the cheapest "
                f"baseline meeting τ {pct(summary['cost_vs_next_best'])}, vs RAIS balanced "
                f"{pct(summary['cost_vs_rais_balanced'])} (negative = cheaper)")
+    if "cost_vs_oracle" in summary:
+        typer.echo(f"AutoSLO vs the oracle (its own tuner on the graded day, in hindsight): "
+                   f"{pct(summary['cost_vs_oracle'])} on the mean: what forecasting costs")
     if "floor_vs_next_best" in summary:
         bound = "" if summary["floor_is_least"] else " (not a bound here: some approach paid less than the floor)"
         typer.echo(f"the floor vs the cheapest baseline meeting τ: {pct(summary['floor_vs_next_best'])}, the "

@@ -40,8 +40,8 @@ from sloctl.control.billing import best_with_target
 from sloctl.control.scheduler import ExecutionConfig, ScheduleResult, schedule_spinups
 from sloctl.core.errors import ConfigError
 
-__all__ = ["STRATEGIES", "SearchSpace", "Trial", "KnobTuning", "PolicyResult", "apply_knobs", "tune_knobs",
-           "tune_policy"]
+__all__ = ["STRATEGIES", "SearchSpace", "Trial", "KnobTuning", "PolicyResult", "apply_knobs", "spread_margin",
+           "tune_knobs", "tune_policy"]
 
 STRATEGIES = ("grid", "random", "coordinate", "adaptive", "optuna")
 KINDS = ("int", "float", "log")
@@ -189,6 +189,13 @@ class KnobTuning:
     trials: list[Trial]
     strategy: str
     budget: int
+    margin: float = 0.0
+    tau_target: float = 0.05
+
+    @property
+    def target(self) -> float:
+        """The violation rate the winner was picked against: ``τ`` less :attr:`margin`."""
+        return self.tau_target - self.margin
 
     @property
     def evaluated(self) -> int:
@@ -208,7 +215,13 @@ class PolicyResult:
 
 
 def _means(result: Any, n: int) -> list[tuple[float, float]]:
-    """Per-configuration (mean VR, mean cost) from what ``evaluate`` returned.
+    """Per-configuration (mean VR, mean cost) from what ``evaluate`` returned (:func:`_matrices`)."""
+    vr, cost = _matrices(result, n)
+    return list(zip(vr.mean(axis=1).tolist(), cost.mean(axis=1).tolist(), strict=True))
+
+
+def _matrices(result: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The (configurations, workloads) VR and cost matrices of what ``evaluate`` returned.
 
     Accepted: an object with ``.vr()`` and ``.cost()`` matrices (a
     :class:`~sloctl.simulation.batch.BatchResult`), a ``(vr, cost)`` tuple of
@@ -224,7 +237,20 @@ def _means(result: Any, n: int) -> list[tuple[float, float]]:
     if vr.shape != cost.shape or vr.ndim != 2 or vr.shape[0] != n:
         raise ValueError(f"The 'evaluate' callable must return ({n}, workloads) VR and cost matrices, "
                          f"got shapes {vr.shape} and {cost.shape}.")
-    return list(zip(vr.mean(axis=1).tolist(), cost.mean(axis=1).tolist(), strict=True))
+    return vr, cost
+
+
+def spread_margin(vr: np.ndarray) -> float:
+    """The margin below ``τ`` a validated plan keeps: the mean over configurations of the VR's spread.
+
+    ``vr`` is the (configurations, validation workloads) matrix; each row's
+    standard deviation is how far one forecast day's violation rate strays
+    from the mean the tuner ranks by. 0 with one validation workload.
+    """
+    vr = np.asarray(vr, float)
+    if vr.ndim != 2 or vr.shape[1] < 2:
+        return 0.0
+    return float(np.mean(vr.std(axis=1, ddof=1)))
 
 
 def _key(outcome: tuple[float, float], tau_target: float) -> tuple[float, float]:
@@ -377,7 +403,8 @@ _STRATEGIES = {"grid": _grid, "random": _random, "coordinate": _coordinate, "ada
 
 def tune_knobs(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any], validation: Sequence[Any],
                strategy: str = "adaptive", budget: int = 20, top_k: int = 3, tau_target: float = 0.05,
-               seed: int = 0, base: ExecutionConfig | None = None, **options: Any) -> KnobTuning:
+               seed: int = 0, base: ExecutionConfig | None = None, margin: float | str = 0.0,
+               **options: Any) -> KnobTuning:
     """Configuration Tuner (§7.5): search knobs on training workloads, pick among the top-k on validation.
 
     Args:
@@ -393,6 +420,10 @@ def tune_knobs(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any], 
         seed: seeds every random choice (same inputs and seed, same result).
         base: the configuration the knobs are applied to (spin-ups, other
             fields); default: one size-1 cluster and the default autoscaler.
+        margin: the winner is BestWithTarget's at ``τ − margin`` on the
+            validation means (never below 0); ``"spread"``: the margin is
+            :func:`spread_margin` of the top ``k``'s validation runs. The
+            search itself ranks at ``τ``.
         **options: strategy options — ``start`` (coordinate), ``batch_size``
             (adaptive, optuna), ``radius``, ``shrink``, ``patience`` (adaptive).
 
@@ -417,19 +448,34 @@ def tune_knobs(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any], 
             options.setdefault("top_k", top_k)
     _STRATEGIES[strategy](search, rng, **options)
     top = search.ranked()[:top_k]
-    validated = _means(evaluate([t.config for t in top], validation), len(top))
+    vr, cost = _matrices(evaluate([t.config for t in top], validation), len(top))
+    validated = list(zip(vr.mean(axis=1).tolist(), cost.mean(axis=1).tolist(), strict=True))
     for t, v in zip(top, validated, strict=True):
         t.validation = v
-    winner = top[best_with_target(validated, tau_target)]
+    kept = _margin(margin, vr, tau_target)
+    winner = top[best_with_target(validated, tau_target - kept)]
     return KnobTuning(winner.config, dict(winner.params), winner.train, winner.validation, top, search.trials,
-                      strategy, budget)
+                      strategy, budget, kept, tau_target)
+
+
+def _margin(margin: float | str, vr: np.ndarray, tau_target: float) -> float:
+    if margin == "spread":
+        value = spread_margin(vr)
+    elif isinstance(margin, int | float) and not isinstance(margin, bool) and math.isfinite(margin) \
+            and margin >= 0:
+        value = float(margin)
+    else:
+        raise ConfigError(f"The 'margin' parameter of tune_knobs must be a number >= 0 or 'spread', "
+                          f"got {margin!r}.")
+    return min(value, tau_target)  # never aim below zero violations
 
 
 def tune_policy(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any], validation: Sequence[Any],
                 sizes: Sequence[int], delta_s: float, base: ExecutionConfig | None = None,
                 order: str = "knobs_first", strategy: str = "adaptive", budget: int = 20, top_k: int = 3,
                 tau_target: float = 0.05, seed: int = 0, eta: int = 3, phi: int = 3, sigma_min_s: float = 0.0,
-                tuner_options: Mapping[str, Any] | None = None, **schedule_options: Any) -> PolicyResult:
+                tuner_options: Mapping[str, Any] | None = None, margin: float | str = 0.0,
+                **schedule_options: Any) -> PolicyResult:
     """The Policy Tuner's two searches chained: knobs (§7.5) and scheduled spin-ups (§7.4).
 
     ``order="knobs_first"`` (default) tunes the knobs on ``base``, then
@@ -437,6 +483,8 @@ def tune_policy(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any],
     on ``base`` and then tunes the knobs with that schedule fixed. ``evaluate``
     must return the scheduler's outcome matrix (timelines included), e.g.
     :func:`~sloctl.simulation.batch.simulate_batch` with its runner bound.
+    ``margin`` is :func:`tune_knobs`'s; with ``knobs_first`` the spin-up
+    schedule is then judged against the same ``τ − margin``.
 
     Returns:
         :class:`PolicyResult`; ``best_validation`` is the final configuration's
@@ -447,14 +495,17 @@ def tune_policy(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any],
                           f"got {order!r}.")
     base = base if base is not None else ExecutionConfig(autoscaler=AutoscalerConfig())
     tune_args = dict(evaluate=evaluate, train=train, validation=validation, strategy=strategy, budget=budget,
-                     top_k=top_k, tau_target=tau_target, seed=seed, **(tuner_options or {}))
-    sched_args = dict(evaluate=evaluate, train=train, validation=validation, sizes=sizes, tau_target=tau_target,
+                     top_k=top_k, tau_target=tau_target, seed=seed, margin=margin, **(tuner_options or {}))
+    sched_args = dict(evaluate=evaluate, train=train, validation=validation, sizes=sizes,
                       delta_s=delta_s, eta=eta, phi=phi, sigma_min_s=sigma_min_s, **schedule_options)
     if order == "knobs_first":
         tuning = tune_knobs(space, base=base, **tune_args)
-        schedule = schedule_spinups([tuning.best], **sched_args)
+        # the schedule is judged against the same target the knobs were picked against
+        schedule = schedule_spinups([tuning.best], tau_target=tuning.target, **sched_args)
         return PolicyResult(schedule.best, schedule.best_validation, tuning, schedule, order)
-    schedule = schedule_spinups([base], **sched_args)
+    fixed = margin if margin != "spread" else 0.0  # no validation spread yet: the schedule aims at τ
+    schedule = schedule_spinups([base], tau_target=tau_target - _margin(fixed, np.zeros((1, 1)), tau_target),
+                                **sched_args)
     tuning = tune_knobs(space, base=schedule.best, **tune_args)
     return PolicyResult(tuning.best, tuning.best_validation, tuning, schedule, order)
 

@@ -27,7 +27,7 @@ from sloctl.simulation.engine import WarehouseSimulator
 BUSY_HOURS = (9, 10, 11)
 TINY = EndToEndConfig(tuner=HistoryExperimentConfig(
     histories_days=(7,), kappas=(2.0, 4.0), n_target_days=2, tau_target=0.1, hour_units=10.0, peak_load=1.0,
-    n_train=1, n_validation=1, eta=1, phi=1, knob_budget=2, grading_draws=1))
+    n_train=1, n_validation=1, eta=1, phi=1, knob_budget=2, grading_draws=1), workers=1)
 
 
 def busy_morning_contour(days: int = 30, seed: int = 0) -> pd.DataFrame:
@@ -75,18 +75,27 @@ def test_result_has_the_issue_json_shape_and_says_which_world_graded(tiny_run, s
     assert set(doc) == {"tau_target", "world", "scenarios", "summary"}
     assert doc["tau_target"] == 0.1
     assert len(doc["scenarios"]) == 4  # two days × κ ∈ {2, 4}
-    approaches = {"autoslo", "fixed-peak", "fixed-2x-half", "queue@tuned", "rais-balanced", "rais-performance"}
+    approaches = {"autoslo", "fixed-peak", "fixed-2x-half", "queue@tuned", "rais-balanced", "rais-performance",
+                  "oracle"}
     for scenario in doc["scenarios"]:
         assert set(scenario) == {"day", "kappa", "results", "floor", "work_bound", "baselines"}
         assert scenario["kappa"] in (2.0, 4.0)
         assert set(scenario["results"]) == approaches
         for r in [*scenario["results"].values(), scenario["floor"]]:
-            assert set(r) - {"explain"} == {"vr", "cost", "meets_tau"}
+            assert set(r) - {"explain", "planned"} == {"vr", "cost", "meets_tau"}
             assert 0.0 <= r["vr"] <= 1.0 and r["cost"] > 0 and r["meets_tau"] == (r["vr"] <= 0.1)
         assert all("explain" in r for r in scenario["results"].values())
     assert set(doc["summary"]) == {"autoslo_meets_tau_all", "cost_vs_next_best", "cost_vs_rais_balanced",
                                    "floor_vs_next_best", "floor_is_least", "work_bound_vs_next_best",
-                                   "work_bound_vs_next_best_max"}
+                                   "work_bound_vs_next_best_max", "cost_vs_oracle", "oracle_meets_tau_all"}
+    for scenario in doc["scenarios"]:  # the plan's own prediction beside the graded figures
+        for name in ("autoslo", "oracle"):
+            planned = scenario["results"][name]["planned"]
+            assert 0.0 <= planned["vr"] <= 1.0 and planned["cost"] > 0
+            assert planned["target"] == pytest.approx(0.1 - planned["margin"]) and 0 <= planned["margin"] <= 0.1
+            assert set(planned["plan"]) >= {"start_sizes", "spinups", "t_idle_units", "theta", "tau_trigger", "mu",
+                                            "window_units"}
+        assert scenario["results"]["oracle"]["planned"]["margin"] == 0.0
     # the work bound holds where every α ≥ 1 (then no approach paid less than the day's work); this world says
     alpha = doc["world"]["grade_log"]["alpha"]
     assert doc["world"]["work_bound"]["holds"] is all(a >= 1.0 for a in alpha.values())
@@ -184,10 +193,39 @@ def test_summary_says_how_far_below_the_next_best_the_work_bound_lies():
 
 
 def test_autoslo_adds_the_sizes_its_plan_was_tuned_with(tiny_run):
-    """The tuner's reactive layer adds the smallest size; the enacting Autoscaler then may add only that size."""
-    assert tiny_run.world["autoslo_sizes_from_plan"] is True
+    """The tuner plans with the Iconq+ layer over every measured size; the plan enacts those sizes."""
+    assert tiny_run.world["autoslo_sizes_from_plan"] is True and tiny_run.world["tuner_layer"] == "iconq"
     for d in tiny_run.details:
-        assert d["plan"].autoscaler.candidate_sizes == (1,)
+        assert d["plan"].autoscaler.candidate_sizes == tuple(tiny_run.tuner.sizes)
+
+
+def test_the_policy_tuner_simulates_with_the_layer_that_enacts_the_plan(sim_log, model_dir):
+    """Item 2 of issue 52: the tuner's runner is the Iconq+ router + Autoscaler, in the training log's world."""
+    from sloctl.experiments.end_to_end import tuner_layers
+    from sloctl.experiments.history import HistoryRunner, IconqReactiveRunner
+
+    workloads, layers = tuner_layers(busy_morning_contour(), sim_log, model_dir, config=TINY)
+    assert len(workloads) == 2 and all(len(w) > 0 for w in workloads)  # n_train + n_validation forecast days
+    iconq, base = layers["iconq"]
+    assert isinstance(iconq, IconqReactiveRunner) and iconq.tuned_knobs and iconq.sizes_from_plan
+    assert isinstance(layers["queue"][0], HistoryRunner)
+    assert iconq.world is layers["queue"][0].world  # both in the training log's world, not the grading one
+    assert base.autoscaler.candidate_sizes == (1, 2) and base.autoscaler.tau_target == 0.1
+    # the configuration's own knobs run: a trigger that cannot fire never spins a cluster up
+    quiet = dataclasses.replace(base, autoscaler=dataclasses.replace(base.autoscaler, theta=10**6))
+    cell = iconq(quiet, workloads[0], 0)
+    assert cell.explain["spin_ups"].get("size-selector", 0) == 0
+    assert 0.0 <= iconq(base, workloads[0], 0).vr <= 1.0
+
+
+def test_the_oracle_is_never_the_next_best():
+    results = {"autoslo": {"vr": 0.05, "cost": 9.0, "meets_tau": True},
+               "queue@tuned": {"vr": 0.05, "cost": 10.0, "meets_tau": True},
+               "oracle": {"vr": 0.08, "cost": 6.0, "meets_tau": True}}
+    summary = summarize([{"day": "d", "kappa": 2.0, "results": results, "work_bound": {"cost": 5.0}}])
+    assert summary["cost_vs_next_best"] == pytest.approx(-0.1)  # queue@tuned, not the cheaper oracle
+    assert summary["work_bound_vs_next_best"] == pytest.approx(-0.5)
+    assert summary["cost_vs_oracle"] == pytest.approx(0.5) and summary["oracle_meets_tau_all"] is True
 
 
 def test_iconq_runner_takes_the_plans_candidate_sizes_only_when_told(monkeypatch):

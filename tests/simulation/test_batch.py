@@ -7,7 +7,7 @@ import pytest
 
 from sloctl.control.router import Query
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup
-from sloctl.simulation.batch import WarehouseRunner, cell_seed, simulate_batch
+from sloctl.simulation.batch import SimulationPool, WarehouseRunner, cell_seed, simulate_batch
 from sloctl.simulation.emulator import WarehouseEmulator
 
 WORLD = WarehouseEmulator({("a", 1): 1.0, ("b", 1): 2.0, ("a", 2): 0.6, ("b", 2): 1.1}, {1: 1.0, 2: 1.0},
@@ -54,6 +54,21 @@ def test_one_and_two_workers_give_identical_matrices_and_report_progress(inline)
                             on_progress=lambda done, total: seen.append((done, total)))
     assert pooled.backend == "process" and pooled.equals(inline)
     assert [d for d, _ in seen] == list(range(1, 7)) and {t for _, t in seen} == {6}
+
+
+def test_a_kept_pool_serves_many_batches_with_simulate_batch_results(inline):
+    seen = []
+    with SimulationPool(RUNNER, workers=2) as pool:
+        first = pool.simulate(CONFIGS, WORKLOADS, seed=5, on_progress=lambda done, total: seen.append(done))
+        workers = pool._pool
+        second = pool.simulate(CONFIGS[::-1], WORKLOADS, seed=5)  # another batch: the same processes
+        assert pool._pool is workers
+        third = pool.simulate(CONFIGS[:1], WORKLOADS[:2], seed=6)
+    assert pool._pool is None  # shut down on exit
+    assert first.backend == "process" and first.equals(inline) and seen == list(range(1, 7))
+    assert second[1][2].equals(inline[0][2]) and second[0][1].equals(inline[1][1])
+    assert third.equals(simulate_batch(CONFIGS[:1], WORKLOADS[:2], runner=RUNNER, workers=1, seed=6))
+    assert SimulationPool(RUNNER, workers=1).simulate(CONFIGS, WORKLOADS, seed=5).equals(inline)
 
 
 def test_workloads_share_seeds_across_configurations_and_the_base_seed_matters(inline):

@@ -100,6 +100,34 @@ def test_best_with_target_prefers_cheaper_configuration_under_target():
     assert result.best.start_sizes == (1, 1, 1)
 
 
+def test_margin_from_the_validation_spread_keeps_the_plan_below_tau():
+    """Validation days scatter a plan's VR; the spread margin picks the cheapest whose mean stays that far below τ."""
+    space = SearchSpace({"start_clusters": (1, 4, "int")})
+
+    def evaluate(configs, workloads):
+        n = np.array([len(c.start_sizes) for c in configs], float)
+        mean = 0.12 / n                                         # 0.12, 0.06, 0.04, 0.03
+        offsets = np.array([-0.02, 0.0, 0.02])[: len(workloads)]  # each plan's days scatter by 0.02
+        vr = mean[:, None] + offsets[None, :]
+        return vr, np.repeat(n[:, None], len(workloads), axis=1)
+
+    kwargs = dict(evaluate=evaluate, train=[0, 1, 2], validation=[0, 1, 2], strategy="grid", budget=4, top_k=4,
+                  tau_target=0.07)
+    assert tune_knobs(space, **kwargs).best.start_sizes == (1, 1)          # 0.06 <= 0.07
+    spread = tune_knobs(space, margin="spread", **kwargs)
+    assert spread.margin == pytest.approx(0.02)                              # the std of (-0.02, 0, 0.02)
+    assert spread.target == pytest.approx(0.05)
+    assert spread.best.start_sizes == (1, 1, 1)                              # 0.04 <= 0.05; 0.06 is not
+    assert tune_knobs(space, margin=0.035, **kwargs).best.start_sizes == (1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("margin", [-0.01, "wide", math.nan, True])
+def test_bad_margin_raises_config_error(margin):
+    with pytest.raises(ConfigError, match="'margin'"):
+        tune_knobs(SearchSpace({"theta": [10, 20]}), evaluate=Bowl(), train=["train"], validation=["val"],
+                   strategy="grid", budget=2, margin=margin)
+
+
 @pytest.mark.parametrize("knobs", [
     {}, {"no_such_knob": (1, 2, "int")}, {"theta": (5, 5, "int")}, {"window_s": (0.0, 10.0, "log")},
     {"tau_trigger": (0.1, 0.2, "cubic")}, {"theta": (5.0, 9.0, "float")}, {"mu": []}, {"mu": "abc"},
