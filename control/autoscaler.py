@@ -292,6 +292,60 @@ def _what_if_pool(router: Any, clusters: list[ClusterState]) -> ManagedPool:
     return pool
 
 
+class _Replay:
+    """The arrival window replayed period after period (Algorithm 3's future arrivals), made as they are read.
+
+    Copy ``k`` of window query ``j`` arrives ``shift + k × span`` after it, with
+    id ``first_id + k × len(window) + j``; copies at or after ``until_s`` are
+    left out, a period with none left ends the replay, and at most ``limit``
+    are made. An option stops after ``μ`` completions, long before the
+    ``limit``: only what it reads is built. :attr:`made` maps id to query.
+    """
+
+    def __init__(self, window: Sequence[Query], shift: float, span: float, until_s: float, first_id: int,
+                 limit: int) -> None:
+        self.window, self.shift, self.span, self.until_s = list(window), shift, span, until_s
+        self.first_id, self.limit = first_id, limit
+        self.made: dict[int, Query] = {}
+        self._queue: list[Query] = []
+        self._k = 0
+        self._ended = False
+
+    def query(self, i: int) -> Query | None:
+        """The ``i``-th arrival (in the order made), or None past the end."""
+        while i >= len(self._queue) and not self._ended:
+            self._period()
+        return self._queue[i] if i < len(self._queue) else None
+
+    def _period(self) -> None:
+        if len(self._queue) >= self.limit:
+            self._ended = True
+            return
+        shift = self.shift + self._k * self.span
+        base_id = self.first_id + self._k * len(self.window)
+        batch = [Query(base_id + j, q.template, q.arrival_s + shift, q.slo_s) for j, q in enumerate(self.window)
+                 if q.arrival_s + shift < self.until_s]
+        self._k += 1
+        if not batch:
+            self._ended = True
+            return
+        batch = batch[:self.limit - len(self._queue)]
+        self._queue.extend(batch)
+        self.made.update((q.query_id, q) for q in batch)
+
+    def all(self) -> list[Query]:
+        """Every arrival (a finite ``until_s``, or up to the limit)."""
+        while not self._ended:
+            self._period()
+        return list(self._queue)
+
+
+def _arrival(arrivals: Sequence[Query] | _Replay, i: int) -> Query | None:
+    if isinstance(arrivals, _Replay):
+        return arrivals.query(i)
+    return arrivals[i] if i < len(arrivals) else None
+
+
 class _PredictedWorld:
     """The Workload Simulator: completions at arrival + predicted latency (AutoSLO §3).
 
@@ -325,8 +379,8 @@ class _PredictedWorld:
                 best, where = end, cid
         return best[0], best[1], where
 
-    def run_until(self, arrivals: list[Query], stop: Callable[[], bool], on_done: Callable[[Query | int, float], None],
-                  t_end: float = math.inf) -> None:
+    def run_until(self, arrivals: Sequence[Query] | _Replay, stop: Callable[[], bool],
+                  on_done: Callable[[Query | int, float], None], t_end: float = math.inf) -> None:
         """Process arrivals (sorted) and predicted completions until ``stop()`` or ``t_end``.
 
         A predicted end already in the past completes now: the world's clock
@@ -335,7 +389,8 @@ class _PredictedWorld:
         i = 0
         while not stop():
             t_done, qid, where = self._next_completion()
-            t_arr = arrivals[i].arrival_s if i < len(arrivals) else math.inf
+            upcoming = _arrival(arrivals, i)
+            t_arr = upcoming.arrival_s if upcoming is not None else math.inf
             t_next = min(t_done, t_arr)
             if math.isinf(t_next) or t_next > t_end:
                 if not math.isinf(t_end):
@@ -347,13 +402,12 @@ class _PredictedWorld:
                 self.pool.complete(qid, self.now_s)
                 on_done(qid, self.now_s)
             else:
-                query = arrivals[i]
                 i += 1
-                self._ends.pop(self.pool.route(query, self.now_s).cluster_id, None)
+                self._ends.pop(self.pool.route(upcoming, self.now_s).cluster_id, None)
         return
 
 
-def _simulate_option(size: int | None, prep: ManagedPool, make_router: Callable[[Any], Any], arrivals: list[Query],
+def _simulate_option(size: int | None, prep: ManagedPool, make_router: Callable[[Any], Any], arrivals: _Replay,
                      t_avail: float, mu: int, minimum_s: float, price_per_unit_s: float,
                      vertical: bool) -> tuple[float, float]:
     """Lines 13-29 of Algorithm 3 for one option: (violation rate, cost) after ``t_avail``."""
@@ -369,7 +423,7 @@ def _simulate_option(size: int | None, prep: ManagedPool, make_router: Callable[
     # cost as active × size × price: the order of the products is part of the seeded results
     cost_start = {c.cluster_id: c.timer.active_s(t_avail) * c.size * c.price_per_unit_s for c in sim_clusters}
     world = _PredictedWorld(pool, t_avail)
-    late = {q.query_id: q for q in arrivals}
+    late = arrivals.made  # the option's arrivals made so far (those routed, and the next one)
     violated: list[bool] = []
     completed = [0]
 
@@ -418,24 +472,14 @@ def find_best_spinup_size(*, now_s: float, window: Sequence[Query], window_s: fl
     base_t = min(q.arrival_s for q in window)
     span = max(window_s, 1e-9)
 
-    def copies(start_s: float, until_s: float, first_id: int) -> list[Query]:
-        out, k, qid = [], 0, first_id
-        while len(out) < max_arrivals:
-            shift = start_s + k * span - base_t
-            batch = [Query(qid + j, q.template, q.arrival_s + shift, q.slo_s) for j, q in enumerate(window)]
-            qid += len(batch)
-            batch = [q for q in batch if q.arrival_s < until_s]
-            if not batch:
-                break
-            out.extend(batch)
-            k += 1
-        return out[:max_arrivals]
+    def copies(start_s: float, until_s: float, first_id: int) -> _Replay:
+        return _Replay(window, start_s - base_t, span, until_s, first_id, max_arrivals)
 
     # preparation period: once, shared by every option (lines 1-11)
     t_avail = now_s + delta_s
     prep = _what_if_pool(make_router(router.model.fork()), clusters)
     next_id = -1_000_000_000
-    prep_arrivals = copies(now_s, t_avail, next_id)
+    prep_arrivals = copies(now_s, t_avail, next_id).all()
     _PredictedWorld(prep, now_s).run_until(prep_arrivals, stop=lambda: False, on_done=lambda q, t: None,
                                            t_end=t_avail)
     next_id += len(prep_arrivals)

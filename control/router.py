@@ -216,15 +216,18 @@ class GuardState:
         self._pending: dict[int, tuple[float, float]] = {}
         self.routes = 0
         self.fallbacks = {"error": 0, "support": 0}
+        self._median: float | None = None  # of _ratios, until the next completion changes them
 
     def error_high(self) -> bool:
         """Whether the recent median actual / predicted exceeds ``max_ratio``."""
         if len(self._ratios) < self.settings.min_samples:
             return False
-        return float(np.median(self._ratios)) > self.settings.max_ratio
+        return self.recent_ratio() > self.settings.max_ratio  # type: ignore[operator]
 
     def recent_ratio(self) -> float | None:
-        return float(np.median(self._ratios)) if self._ratios else None
+        if self._median is None and self._ratios:
+            self._median = float(np.median(self._ratios))
+        return self._median
 
     def placed(self, query_id: int, arrival_s: float, predicted_s: float, fallback: str | None) -> None:
         self.routes += 1
@@ -238,6 +241,7 @@ class GuardState:
         if pending is not None:
             arrival, predicted = pending
             self._ratios.append(max(now_s - arrival, 0.0) / predicted)
+            self._median = None
 
     def summary(self) -> dict[str, Any]:
         """Routes, fallbacks by reason, the fallback rate and the window's median actual / predicted."""

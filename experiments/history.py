@@ -78,7 +78,7 @@ from sloctl.datasets.querylog import read_log, template_table
 from sloctl.datasets.reservoir import Reservoir
 from sloctl.experiments.warehouse import ScalingExperimentConfig, mean_delta, scaling_setup
 from sloctl.models.drift import DriftCalibratedPredictor, DriftCalibration
-from sloctl.models.online import OnlinePredictor
+from sloctl.models.online import OnlinePredictor, one_inference_thread
 from sloctl.registry.bundles import load_predictor
 from sloctl.registry.routers import build_router
 from sloctl.simulation.batch import CellResult, SimulationPool, cell_seed, explain_of, timeline_of
@@ -272,6 +272,10 @@ class IconqReactiveRunner:
                            violation_spread=self.violation_spread)
 
     def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
+        with one_inference_thread():
+            return self._run(config, queries, seed)
+
+    def _run(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
         model: Any = OnlinePredictor(_predictor(self.predictor_dir), self.table)
         if self.drift is not None:  # a fresh calibration per simulated day
             model = DriftCalibratedPredictor(model, self.drift.fresh())

@@ -13,6 +13,8 @@ per template with the plan-feature columns).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,7 +28,32 @@ if TYPE_CHECKING:
     from sloctl.models.iconq import NeighbourStep, QueryEmbedding
     from sloctl.models.predictor import LatencyPredictor
 
-__all__ = ["Counterfactual", "OnlinePredictor", "RunningQuery"]
+__all__ = ["Counterfactual", "OnlinePredictor", "RunningQuery", "one_inference_thread"]
+
+
+def _as_is(x: np.ndarray) -> np.ndarray:
+    return x
+
+
+@contextlib.contextmanager
+def one_inference_thread() -> Iterator[None]:
+    """Run PyTorch on one thread inside the block (a simulation's many tiny steps).
+
+    Online prediction runs a few small matrix products per step: one thread
+    does them as fast as several, and PyTorch's spinning worker threads, one
+    per core, fight the other simulations of a process pool for the cores (a
+    day simulated beside another pool worker took 10× longer with them).
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    if before != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if before != 1:
+            torch.set_num_threads(before)
 
 
 @dataclass
@@ -79,6 +106,9 @@ class OnlinePredictor:
         templates: feature table, one row per template (``template`` and the
             plan-feature columns).
         use_iconq: ``False`` ignores neighbours (Stage only, concurrency-unaware).
+        engine: ``numpy`` (:class:`~sloctl.models.iconq_numpy.NumpyIncrementalIconq`,
+            the default: the same predictions at a fraction of the per-call cost)
+            or ``torch`` (:class:`~sloctl.models.iconq.IncrementalIconq`).
 
     A new query's before-sequence holds at most :attr:`max_before` running
     neighbours, the newest: the before-LSTM runs once per arrival over that
@@ -89,7 +119,8 @@ class OnlinePredictor:
 
     max_before: int = 128
 
-    def __init__(self, predictor: LatencyPredictor, templates: pd.DataFrame, use_iconq: bool = True) -> None:
+    def __init__(self, predictor: LatencyPredictor, templates: pd.DataFrame, use_iconq: bool = True,
+                 engine: str = "numpy") -> None:
         self.predictor = predictor
         self.templates = templates.drop_duplicates("template").set_index("template", drop=False)
         self.use_iconq = use_iconq and predictor.net is not None
@@ -104,10 +135,21 @@ class OnlinePredictor:
         # valid while _version (bumped by every commit and complete) is unchanged.
         self._pending: _PendingStep | None = None
         self._version = 0
-        if self.use_iconq:
+        if engine not in ("numpy", "torch"):
+            raise ValueError(f"The 'engine' parameter of OnlinePredictor must be 'numpy' or 'torch', got {engine!r}.")
+        self.engine = engine
+        self._x = _as_is
+        if self.use_iconq and engine == "numpy":
+            from sloctl.models.iconq_numpy import NumpyIncrementalIconq
+
+            self._inc = NumpyIncrementalIconq(predictor.net)
+        elif self.use_iconq:
+            import torch
+
             from sloctl.models.iconq import IncrementalIconq
 
             self._inc = IncrementalIconq(predictor.net)
+            self._x = torch.from_numpy
 
     def fork(self) -> OnlinePredictor:
         """An independent copy of the running state (features and the model are shared)."""
@@ -160,8 +202,6 @@ class OnlinePredictor:
     def counterfactuals(self, template: str, arrival_s: float, clusters: dict[str, int], now_s: float
                         ) -> dict[str, Counterfactual]:
         """Predictions if the query joined each of ``clusters`` (id -> size); nothing changes."""
-        import torch
-
         out: dict[str, Counterfactual] = {}
         ids = list(clusters)
         if not self.use_iconq:
@@ -193,14 +233,15 @@ class OnlinePredictor:
         step = None
         if keys:
             elapsed = np.array([max(0.0, now_s - self.running[k].arrival_s) for k in keys])
-            step = self._inc.step_neighbour(keys, torch.from_numpy(np.concatenate(pairs)))
+            step = self._inc.step_neighbour(keys, self._x(np.concatenate(pairs)))
             after = self._inc.guard_step(step, elapsed)
         width = max(lengths) if lengths else 0
         before_x = np.zeros((len(ids), width, self.predictor.net.config.pair_dim), np.float32)
         for i, b in enumerate(befores):
             before_x[i, : len(b)] = b
-        embedding = self._inc.embed_queries(torch.from_numpy(np.stack(own)), torch.from_numpy(before_x),
-                                            torch.tensor(lengths), torch.tensor(base))
+        x = self._x
+        embedding = self._inc.embed_queries(x(np.stack(own)), x(before_x), x(np.array(lengths, np.int64)),
+                                            x(np.array(base, np.float32)))
         query_s = embedding.raw_s
         position, by_cluster = 0, {}
         for i, cid in enumerate(ids):
@@ -216,8 +257,6 @@ class OnlinePredictor:
     def commit(self, query_id: int, template: str, arrival_s: float, slo_s: float, cluster_id: str, size: int,
                now_s: float) -> float:
         """Record that the query runs on ``cluster_id``; returns its predicted latency."""
-        import torch
-
         if query_id in self.running:
             raise ValueError(f"Query {query_id} is already running.")
         running = self._by_cluster.setdefault(cluster_id, [])
@@ -241,15 +280,13 @@ class OnlinePredictor:
                 before = before[-self.max_before:]
                 elapsed = np.array([max(0.0, now_s - self.running[r].arrival_s) for r in running])
                 # add_neighbour then predict(elapsed), in one head evaluation instead of two
-                guarded = self._inc.apply_neighbour(self._inc.step_neighbour(running, torch.from_numpy(pairs)),
-                                                    elapsed)
+                guarded = self._inc.apply_neighbour(self._inc.step_neighbour(running, self._x(pairs)), elapsed)
                 for r, value in zip(running, guarded, strict=True):
                     self.running[r].predicted_s = float(value)
             else:
                 before = np.zeros((0, self.predictor.net.config.pair_dim), np.float32)
             plan, stage_s, vec = self.features(template, size)
-            predicted = self._inc.add_query(query_id, torch.from_numpy(vec), torch.from_numpy(before),
-                                            float(np.log(stage_s)))
+            predicted = self._inc.add_query(query_id, self._x(vec), self._x(before), float(np.log(stage_s)))
         else:
             predicted = self.isolated_s(template, size)
         self.running[query_id] = RunningQuery(query_id, template, cluster_id, size, arrival_s, slo_s, predicted)

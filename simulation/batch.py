@@ -33,7 +33,7 @@ from sloctl.control.autoscaler import QueueTrigger, SpinupTrigger, autoscaler_fo
 from sloctl.control.router import IconqRouter, RoundRobinRouter, StageCostRouter
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinups, Timeline
 from sloctl.core.kinds import RouterKind
-from sloctl.models.online import OnlinePredictor
+from sloctl.models.online import OnlinePredictor, one_inference_thread
 from sloctl.registry.bundles import load_predictor
 from sloctl.simulation.engine import WarehouseSimulator
 
@@ -256,7 +256,12 @@ class WarehouseRunner:
         return make_router(model), make_router
 
     def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
+        if self.router == RouterKind.ROUND_ROBIN:
+            return self._run(config, queries, seed)
+        with one_inference_thread():
+            return self._run(config, queries, seed)
 
+    def _run(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
         router, make_router = self._router()
         inner = None
         if config.autoscaler is not None:
