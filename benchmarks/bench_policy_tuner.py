@@ -42,7 +42,7 @@ import numpy as np
 
 from sloctl.control.router import Query
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup, find_good_spinup_times, try_spinup_at
-from sloctl.simulation.batch import WarehouseRunner, simulate_batch
+from sloctl.simulation.batch import SimulationPool, WarehouseRunner, simulate_batch
 from sloctl.simulation.emulator import WarehouseEmulator
 
 SHARED_HOURLY = Path(__file__).resolve().parents[2] / "shared" / "data" / "redset_serverless_hourly.parquet"
@@ -98,10 +98,12 @@ def layers(args: argparse.Namespace) -> None:
             cells.append(runner(base, day, args.seed + j))
             times.append(time.perf_counter() - started)
         per_day[name] = float(np.mean(times))
-        batch = simulate_batch([base], workloads, runner=runner, workers=workers, seed=args.seed)
+        with SimulationPool(runner, workers) as pool:  # as the tuner holds it: started once, then batch after batch
+            pool.simulate([base], workloads[:workers], seed=args.seed)  # start the workers, load the model
+            batch = pool.simulate([base], workloads, seed=args.seed)
         print(f"  {name:6s} one process: {per_day[name]:.2f} s per simulated day (min {min(times):.2f}, "
-              f"max {max(times):.2f}); VR {np.mean([c.vr for c in cells]):.3f}; SimulateBatch of "
-              f"{len(workloads)} days on {batch.workers} workers ({batch.backend}): {batch.wall_s:.1f} s, "
+              f"max {max(times):.2f}); VR {np.mean([c.vr for c in cells]):.3f}; a warm pool of "
+              f"{batch.workers} workers ({batch.backend}): {len(workloads)} days in {batch.wall_s:.1f} s, "
               f"{batch.wall_s / len(workloads):.2f} s per day")
     print(f"iconq / queue, seconds per simulated day (same run): {per_day['iconq'] / per_day['queue']:.1f}x")
 

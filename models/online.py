@@ -37,20 +37,21 @@ def _as_is(x: np.ndarray) -> np.ndarray:
 
 @contextlib.contextmanager
 def one_inference_thread() -> Iterator[None]:
-    """Run PyTorch on one thread inside the block (a simulation's many tiny steps).
+    """Run PyTorch and NumPy's BLAS on one thread inside the block (a simulation's many tiny steps).
 
     Online prediction runs a few small matrix products per step: one thread
-    does them as fast as several, and PyTorch's spinning worker threads, one
-    per core, fight the other simulations of a process pool for the cores (a
-    day simulated beside another pool worker took 10× longer with them).
+    does them as fast as several, and the libraries' spinning worker threads,
+    one per core, fight the other simulations of a process pool for the cores.
     """
     import torch
+    from threadpoolctl import threadpool_limits
 
     before = torch.get_num_threads()
     if before != 1:
         torch.set_num_threads(1)
     try:
-        yield
+        with threadpool_limits(limits=1, user_api="blas"):
+            yield
     finally:
         if before != 1:
             torch.set_num_threads(before)
