@@ -534,6 +534,7 @@ class _Planner:
     runner: Any            # None: the cheap layer of the cell setup (packing + Queue@N)
     oracle_runner: Any     # the same layer in the grading world (hindsight)
     window_s: float
+    lifetime_floor_s: float = 0.0  # δ + m: the shortest T_min_lifetime searched
     pools: dict[int, SimulationPool] = field(default_factory=dict)  # one per runner, kept across scenarios
 
     def pool(self, runner: Any) -> SimulationPool:
@@ -552,12 +553,13 @@ class _Planner:
               minimum_s: float, delay_s: float, router: RouterSection | None) -> _Planner:
         window_s = RelativeAutoscalerSettings().window_s * mean_iso
         if cfg.tuner_layer != "iconq":
-            return cls(cfg, tcfg, None, None, window_s)
+            return cls(cfg, tcfg, None, None, window_s, delay_s + minimum_s)
         common = dict(mean_iso=mean_iso, minimum_s=minimum_s, spinup_delay_s=delay_s, tau_target=tcfg.tau_target,
                       sizes=tcfg.sizes, max_clusters=tcfg.max_clusters, router=router, sizes_from_plan=True,
                       tuned_knobs=True)
         return cls(cfg, tcfg, iconq_reactive_runner(train_world, model_dir, train_log, **common),
-                   iconq_reactive_runner(world, model_dir, train_log, **common) if cfg.oracle else None, window_s)
+                   iconq_reactive_runner(world, model_dir, train_log, **common) if cfg.oracle else None, window_s,
+                   delay_s + minimum_s)
 
     def base(self, setup: _CellSetup) -> ExecutionConfig:
         """The configuration the tuner starts from: the Iconq+ layer's Autoscaler with the relative defaults."""
@@ -569,12 +571,24 @@ class _Planner:
                                     candidate_sizes=tuple(tcfg.sizes))
         return ExecutionConfig(autoscaler=knobs)
 
-    def knobs(self) -> dict[str, Any] | None:
-        """§7.5's Autoscaler knobs besides the teardown timers (the ``iconq`` layer only: Queue@N has none)."""
-        if self.runner is None or not self.cfg.tune_autoscaler:
+    def knobs(self, setup: _CellSetup) -> dict[str, Any] | None:
+        """§7.5's Autoscaler knobs besides the starting clusters and T_idle (the ``iconq`` layer only).
+
+        ``T_min_lifetime`` is searched from ``δ + m`` up: a cluster torn down
+        sooner was started for nothing (its spin-up delay and first billing
+        window buy no work), and under the Iconq+ layer such a plan churns,
+        the trigger firing again at every teardown, which made single
+        simulated days run for minutes (2 × size 1, ``T_min_lifetime`` 5 ℓ̄:
+        over 60 s against 2 s at 15 ℓ̄, same day and seed).
+        """
+        if self.runner is None:
             return None
-        return {"tau_trigger": (0.02, 0.3, "log"), "theta": (5, 30, "int"), "mu": (10, 40, "int"),
-                "window_s": (0.5 * self.window_s, 2.0 * self.window_s, "log")}
+        top = 5.0 * setup.autoscaler.t_min_lifetime_s
+        knobs: dict[str, Any] = {"t_min_lifetime_s": (min(self.lifetime_floor_s, 0.5 * top), top, "log")}
+        if self.cfg.tune_autoscaler:
+            knobs.update({"tau_trigger": (0.02, 0.3, "log"), "theta": (5, 30, "int"), "mu": (10, 40, "int"),
+                          "window_s": (0.5 * self.window_s, 2.0 * self.window_s, "log")})
+        return knobs
 
     def plan(self, cell: _Cell, setup: _CellSetup, slo_ref: dict[str, float], templates: list[str],
              mean_iso: float, scale: float, tcfg: HistoryExperimentConfig) -> tuple[ExecutionConfig, dict[str, Any]]:
@@ -583,7 +597,7 @@ class _Planner:
         runner = self.runner if self.runner is not None else setup.runner  # the cheap layer: one per cell
         pool = self.pool(runner) if self.runner is not None else None
         return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, runner=runner,
-                                base=self.base(setup), knobs=self.knobs(), workers=self._workers(), margin=margin,
+                                base=self.base(setup), knobs=self.knobs(setup), workers=self._workers(), margin=margin,
                                 pool=pool)
 
     def oracle(self, cell: _Cell, setup: _CellSetup, day: list[list[Query]], slo_ref: dict[str, float],
@@ -593,7 +607,7 @@ class _Planner:
         if self.oracle_runner is None:
             raise ValueError("The oracle needs the 'iconq' tuner layer and EndToEndConfig.oracle.")
         return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, runner=self.oracle_runner,
-                                base=self.base(setup), knobs=self.knobs(), margin=0.0, workloads=day,
+                                base=self.base(setup), knobs=self.knobs(setup), margin=0.0, workloads=day,
                                 pool=self.pool(self.oracle_runner))
 
     def _workers(self) -> int:

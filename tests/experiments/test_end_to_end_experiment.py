@@ -218,6 +218,18 @@ def test_the_policy_tuner_simulates_with_the_layer_that_enacts_the_plan(sim_log,
     assert 0.0 <= iconq(base, workloads[0], 0).vr <= 1.0
 
 
+def test_the_tuner_searches_section_7_5s_knobs_and_never_a_lifetime_below_delay_plus_minimum(tiny_run):
+    tcfg = tiny_run.tuner
+    for d in tiny_run.details:
+        knobs = d["knobs"]
+        assert set(knobs) >= {"start_sizes", "t_idle_units", "t_min_lifetime_units", "tau_trigger", "theta", "mu",
+                              "window_units"}
+        assert knobs["t_min_lifetime_units"] >= tcfg.spinup_delay_units + tcfg.minimum_units - 1e-9
+        assert 0.02 <= knobs["tau_trigger"] <= 0.3 and 5 <= knobs["theta"] <= 30 and 10 <= knobs["mu"] <= 40
+        plan = d["plan"].autoscaler  # the plan carries what was searched, and it is what AutoSLO enacted
+        assert (plan.theta, plan.mu) == (knobs["theta"], knobs["mu"])
+
+
 def test_the_oracle_is_never_the_next_best():
     results = {"autoslo": {"vr": 0.05, "cost": 9.0, "meets_tau": True},
                "queue@tuned": {"vr": 0.05, "cost": 10.0, "meets_tau": True},
