@@ -593,12 +593,10 @@ class _Planner:
     def plan(self, cell: _Cell, setup: _CellSetup, slo_ref: dict[str, float], templates: list[str],
              mean_iso: float, scale: float, tcfg: HistoryExperimentConfig) -> tuple[ExecutionConfig, dict[str, Any]]:
         """The Policy Tuner on forecasts of the day, in the training log's world."""
-        margin = self.cfg.margin if self.runner is not None else 0.0
-        runner = self.runner if self.runner is not None else setup.runner  # the cheap layer: one per cell
-        pool = self.pool(runner) if self.runner is not None else None
-        return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, runner=runner,
-                                base=self.base(setup), knobs=self.knobs(setup), workers=self._workers(), margin=margin,
-                                pool=pool)
+        if self.runner is None:  # the cheap layer (one per cell): inline, as before, no processes to start
+            return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, workers=1)
+        return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, base=self.base(setup),
+                                knobs=self.knobs(setup), margin=self.cfg.margin, pool=self.pool(self.runner))
 
     def oracle(self, cell: _Cell, setup: _CellSetup, day: list[list[Query]], slo_ref: dict[str, float],
                templates: list[str], mean_iso: float, scale: float, tcfg: HistoryExperimentConfig
@@ -609,11 +607,6 @@ class _Planner:
         return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, runner=self.oracle_runner,
                                 base=self.base(setup), knobs=self.knobs(setup), margin=0.0, workloads=day,
                                 pool=self.pool(self.oracle_runner))
-
-    def _workers(self) -> int:
-        import os
-
-        return self.cfg.workers or os.cpu_count() or 1
 
 
 def _plan_doc(plan: ExecutionConfig, hour_s: float, mean_iso: float) -> dict[str, Any]:

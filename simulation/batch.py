@@ -287,10 +287,6 @@ _WORKER: dict[str, Any] = {}
 
 def _init_worker(runner: Runner, workloads: Sequence[Sequence[Query]]) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per simulation; torch reads this on import
-    import sys
-
-    if "torch" in sys.modules:  # unpickling the runner may have imported it already
-        sys.modules["torch"].set_num_threads(1)
     _WORKER["runner"], _WORKER["workloads"] = runner, workloads
 
 

@@ -503,9 +503,8 @@ def tune_policy(space: SearchSpace, *, evaluate: Evaluate, train: Sequence[Any],
         # the schedule is judged against the same target the knobs were picked against
         schedule = schedule_spinups([tuning.best], tau_target=tuning.target, **sched_args)
         return PolicyResult(schedule.best, schedule.best_validation, tuning, schedule, order)
-    fixed = margin if margin != "spread" else 0.0  # no validation spread yet: the schedule aims at τ
-    schedule = schedule_spinups([base], tau_target=tau_target - _margin(fixed, np.zeros((1, 1)), tau_target),
-                                **sched_args)
+    ahead = 0.0 if margin == "spread" else _margin(margin, np.zeros((1, 1)), tau_target)  # no spread measured yet
+    schedule = schedule_spinups([base], tau_target=tau_target - ahead, **sched_args)
     tuning = tune_knobs(space, base=schedule.best, **tune_args)
     return PolicyResult(tuning.best, tuning.best_validation, tuning, schedule, order)
 
