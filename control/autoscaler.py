@@ -79,6 +79,10 @@ class AutoscalerConfig:
         candidate_sizes: sizes the selector may add.
         spinup_delay_s: ``δ``, time from request to a ready cluster.
         max_clusters: never hold more clusters than this.
+        max_units: never hold clusters whose sizes add up past this (the
+            size units the cluster core can give without oversubscribing
+            it, e.g. 4 for one core in budgets of 0.25); ``None``: no limit.
+            Starting clusters count from the moment they are requested.
     """
 
     window_s: float = 600.0
@@ -91,6 +95,16 @@ class AutoscalerConfig:
     candidate_sizes: tuple[int, ...] = (1, 2)
     spinup_delay_s: float = 300.0
     max_clusters: int = 4
+    max_units: int | None = None
+
+    def fits(self, clusters: Sequence[Any], size: int) -> bool:
+        """Whether one more cluster of ``size`` fits beside ``clusters`` (views with a ``size``)."""
+        return len(clusters) < self.max_clusters and (
+            self.max_units is None or sum(int(c.size) for c in clusters) + int(size) <= self.max_units)
+
+    def sizes_that_fit(self, clusters: Sequence[Any], sizes: Sequence[int] | None = None) -> tuple[int, ...]:
+        """The sizes of ``sizes`` (default: the candidates) one more cluster beside ``clusters`` may have."""
+        return tuple(s for s in (self.candidate_sizes if sizes is None else sizes) if self.fits(clusters, s))
 
     def validate(self) -> None:
         for name in ("window_s", "spinup_delay_s"):
@@ -104,6 +118,10 @@ class AutoscalerConfig:
         if not self.candidate_sizes or min(self.candidate_sizes) < 1:
             raise ValueError(f"The 'candidate_sizes' parameter of AutoscalerConfig must hold sizes >= 1, "
                              f"got {self.candidate_sizes!r}.")
+        if self.max_units is not None and (isinstance(self.max_units, bool) or not isinstance(self.max_units, int)
+                                           or self.max_units < 1):
+            raise ValueError(f"The 'max_units' parameter of AutoscalerConfig must be an integer >= 1 or null, "
+                             f"got {self.max_units!r}.")
 
 
 @dataclass(frozen=True)
@@ -135,7 +153,8 @@ class RelativeAutoscalerSettings:
     candidate_sizes: tuple[int, ...] = (1, 2)
 
     def config(self, mean_iso: float, *, candidate_sizes: tuple[int, ...] | None = None,
-               spinup_delay_s: float | None = None, max_clusters: int = 4) -> AutoscalerConfig:
+               spinup_delay_s: float | None = None, max_clusters: int = 4,
+               max_units: int | None = None) -> AutoscalerConfig:
         """The :class:`AutoscalerConfig` in seconds for a workload whose ℓ̄ is ``mean_iso``.
 
         Args:
@@ -143,6 +162,7 @@ class RelativeAutoscalerSettings:
             candidate_sizes: overrides :attr:`candidate_sizes`.
             spinup_delay_s: overrides the spin-up delay, in seconds (not units).
             max_clusters: never hold more clusters than this.
+            max_units: never hold more size units than this (``None``: no limit).
         """
         if not mean_iso > 0:
             raise ValueError(f"The 'mean_iso' parameter of RelativeAutoscalerSettings.config must be > 0, "
@@ -152,7 +172,7 @@ class RelativeAutoscalerSettings:
             t_min_lifetime_s=self.t_min_lifetime_s * mean_iso, theta=self.theta, tau_trigger=self.tau_trigger,
             mu=self.mu, tau_target=self.tau_target, candidate_sizes=candidate_sizes or self.candidate_sizes,
             spinup_delay_s=spinup_delay_s if spinup_delay_s is not None else self.spinup_delay_s * mean_iso,
-            max_clusters=max_clusters)
+            max_clusters=max_clusters, max_units=max_units)
 
 
 @dataclass
@@ -593,7 +613,7 @@ class Autoscaler:
                        for r in self.router.model.running.values()]
             if self.trigger.check(now, [c.cluster_id for c in clusters], running, self.windows):
                 if (self.sizer is not None and self.mode in ("add", "vertical")
-                        and len(clusters) < self.config.max_clusters):
+                        and self.config.sizes_that_fit(clusters)):
                     # coalesced while a job runs or its result is still to be taken below
                     self.sizer.submit(self.sizing_job(now, clusters), triggered_s=now)
                 else:
@@ -615,20 +635,24 @@ class Autoscaler:
         ``horizontal`` and ``none`` decide inside this call (no simulation).
         """
         if (self.sizer is not None and self.mode in ("add", "vertical")
-                and len(clusters) < self.config.max_clusters):
+                and self.config.sizes_that_fit(clusters)):
             self.sizer.submit(self.sizing_job(now_s, clusters), triggered_s=now_s)
             return []
         return self.scale(now_s, clusters)
 
     def scale(self, now_s: float, clusters: list[ClusterView]) -> list[ScalingAction]:
         """The scaling action for ``clusters`` now, the size selector run inside this call."""
-        if self.mode == "none" or len(clusters) >= self.config.max_clusters:
+        fitting = self.config.sizes_that_fit(clusters)
+        if self.mode == "none" or not fitting:
             self.decisions.append((now_s, None, None))
             return []
         ready = [c for c in clusters if c.ready and c.state is not None]
         if self.mode == "horizontal":
-            action = ScalingAction("spin_up", size=ready[0].size if ready else min(self.config.candidate_sizes),
-                                   reason="trigger")
+            size = ready[0].size if ready else min(self.config.candidate_sizes)
+            if not self.config.fits(clusters, size):
+                self.decisions.append((now_s, None, None))
+                return []
+            action = ScalingAction("spin_up", size=size, reason="trigger")
             self.decisions.append((now_s, None, action))
             return [action]
         return self._act(now_s, now_s, self.sizing_job(now_s, clusters)())
@@ -648,12 +672,14 @@ class Autoscaler:
                   for c in clusters if c.ready and c.state is not None]
         window = list(self.windows.arrivals)
         config, make_router, vertical = self.config, self.make_router, self.mode == "vertical"
+        # a vertical spin-up retires the others once it is ready, but holds its units beside them until then
+        candidates = config.sizes_that_fit(clusters)
         minimum_s, price_per_unit_s = self.minimum_s, self.price_per_unit_s
 
         def job() -> SizingOutcome:
             return find_best_spinup_size(
                 now_s=now_s, window=window, window_s=config.window_s, router=_ForkedRouter(model), clusters=states,
-                make_router=make_router, candidates=config.candidate_sizes, delta_s=config.spinup_delay_s,
+                make_router=make_router, candidates=candidates, delta_s=config.spinup_delay_s,
                 mu=config.mu, tau_target=config.tau_target, minimum_s=minimum_s,
                 price_per_unit_s=price_per_unit_s, vertical=vertical)
 
@@ -683,7 +709,7 @@ class Autoscaler:
         A job that raised is recorded (``sizing_error``) and the trigger is
         suppressed for ``δ``, as after a do-nothing decision, so that a
         failing selector is not resubmitted at every arrival. A spin-up that
-        no longer fits under ``max_clusters`` is recorded and skipped.
+        no longer fits under ``max_clusters`` or ``max_units`` is recorded and skipped.
         """
         result = self.sizer.poll()
         if result is None:
@@ -699,8 +725,8 @@ class Autoscaler:
             return []
         outcome: SizingOutcome = result.value
         event["size"] = outcome.size
-        if outcome.size is not None and len(clusters) >= self.config.max_clusters:
-            event["skipped"] = "max_clusters"
+        if outcome.size is not None and not self.config.fits(clusters, outcome.size):
+            event["skipped"] = "max_clusters" if len(clusters) >= self.config.max_clusters else "max_units"
             self.decisions.append((result.triggered_s, outcome, None))
             return []
         return self._act(now_s, result.triggered_s, outcome)
@@ -736,7 +762,9 @@ class QueueScaler(ArrivalScaler):
                 actions.append(ScalingAction("tear_down", cluster_id=c.cluster_id, reason="idle"))
         starting = len(ready) < len(clusters)
         capacity = sum(c.size for c in ready)
-        if (not starting and len(clusters) - len(actions) < self.config.max_clusters
+        leaving = {a.cluster_id for a in actions}
+        staying = [c for c in clusters if c.cluster_id not in leaving]
+        if (not starting and self.config.fits(staying, min(self.config.candidate_sizes))
                 and sum(c.running for c in ready) >= self.queue_n * capacity):
             actions.append(ScalingAction("spin_up", size=min(self.config.candidate_sizes), reason="queue@N"))
         return actions

@@ -535,6 +535,8 @@ class ExecutionPlan:
                     values[name] = tuple(int(s) for s in sizes_)
                 elif isinstance(default, int):
                     values[name] = af.integer(name)
+                elif default is None:  # max_units: a whole number, or null for no limit
+                    values[name] = af.integer(name, None, lo=1, optional=True)
                 else:
                     values[name] = af.number(name)
             autoscaler = AutoscalerConfig(**values)
@@ -542,6 +544,14 @@ class ExecutionPlan:
                 autoscaler.validate()
             except ValueError as exc:
                 raise ValueError(f"The 'autoscaler' field of the {cls.kind} document is invalid: {exc}") from None
+            if autoscaler.max_units is not None:  # a plan that does not fit its cluster core is refused, not run
+                cap = autoscaler.max_units
+                if sum(int(s) for s in sizes) > cap:
+                    raise f.error("start_sizes", f"add up to at most autoscaler.max_units = {cap} size units (the "
+                                  "cluster core's); start fewer or smaller clusters", sizes)
+                for i, sp in enumerate(spinups):
+                    if sp.size > cap:
+                        raise f.error(f"spinups[{i}].size", f"be at most autoscaler.max_units = {cap}", sp.size)
         config = ExecutionConfig(spinups=tuple(spinups), autoscaler=autoscaler,
                                  start_sizes=tuple(int(s) for s in sizes))
         pf = f.sub("predicted", {})

@@ -381,7 +381,8 @@ class ScheduledSpinups:
 
     The simulator consults its autoscaler at arrivals, so a spin-up scheduled
     at ``t`` is requested at the first arrival at or after ``t``. A spin-up
-    that would exceed ``max_clusters`` is skipped (and listed in ``skipped``);
+    that would exceed ``max_clusters`` or ``max_units`` is skipped (and listed
+    in ``skipped``, the limit it met in ``skipped_why``);
     the others are listed in ``requested``, in the order they were requested.
     A driver with a clock of its own (the HTTP runtime) also calls
     :meth:`due` between arrivals, so a spin-up is not held back by a quiet spell.
@@ -390,16 +391,17 @@ class ScheduledSpinups:
         spinups: the schedule.
         inner: the reactive :class:`~sloctl.control.autoscaler.Autoscaler`, or ``None``.
         spinup_delay_s: request-to-ready delay when there is no ``inner``.
-        max_clusters: pool limit when there is no ``inner``.
+        max_clusters, max_units: pool limits when there is no ``inner``.
     """
 
     def __init__(self, spinups: Sequence[ScheduledSpinup], inner: Any = None, *, spinup_delay_s: float = 300.0,
-                 max_clusters: int = 4) -> None:
+                 max_clusters: int = 4, max_units: int | None = None) -> None:
         self.spinups = sorted(spinups, key=lambda s: s.time_s)
         self.inner = inner
-        self.config = inner.config if inner is not None else AutoscalerConfig(spinup_delay_s=spinup_delay_s,
-                                                                              max_clusters=max_clusters)
+        self.config = inner.config if inner is not None else AutoscalerConfig(
+            spinup_delay_s=spinup_delay_s, max_clusters=max_clusters, max_units=max_units)
         self.skipped: list[ScheduledSpinup] = []
+        self.skipped_why: list[str] = []
         self.requested: list[ScheduledSpinup] = []
         self._next = 0
 
@@ -424,7 +426,7 @@ class ScheduledSpinups:
 
         Args:
             now_s: the driver's time.
-            clusters: the pool's clusters (views), for the ``max_clusters`` limit.
+            clusters: the pool's clusters (views), for the ``max_clusters`` and ``max_units`` limits.
             pending: actions already decided at this step (the reactive
                 autoscaler's), counted against the limit.
 
@@ -432,17 +434,29 @@ class ScheduledSpinups:
             ``spin_up`` per due spin-up (followed by ``retire_others`` for a
             vertical one); each is requested once.
         """
-        n = len(clusters) + sum(a.kind == "spin_up" for a in pending) - sum(a.kind == "tear_down" for a in pending)
+        leaving = {a.cluster_id for a in pending if a.kind == "tear_down"}
+        # sizes count only against max_units; a bare stand-in for a cluster counts as one unit
+        held = [_Held(int(getattr(c, "size", 1))) for c in clusters if getattr(c, "cluster_id", None) not in leaving
+                or not leaving]
+        held += [_Held(int(a.size)) for a in pending if a.kind == "spin_up"]
         actions: list[ScalingAction] = []
         while self._next < len(self.spinups) and self.spinups[self._next].time_s <= now_s:
             spinup = self.spinups[self._next]
             self._next += 1
-            if n >= self.config.max_clusters:
+            if not self.config.fits(held, spinup.size):
                 self.skipped.append(spinup)
+                self.skipped_why.append("max_clusters" if len(held) >= self.config.max_clusters else "max_units")
                 continue
             actions.append(ScalingAction("spin_up", size=spinup.size, reason="plan"))
             if spinup.mode == "vertical":
                 actions.append(ScalingAction("retire_others"))
             self.requested.append(spinup)
-            n += 1
+            held.append(_Held(int(spinup.size)))
         return actions
+
+
+@dataclass(frozen=True)
+class _Held:
+    """A cluster counted against the pool's limits: only its size matters."""
+
+    size: int

@@ -86,6 +86,7 @@ from sloctl.experiments.history import (
 from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_setup
 from sloctl.models.drift import DriftCalibration
 from sloctl.simulation.batch import SimulationPool, cell_seed, explain_of
+from sloctl.simulation.emulator import calibrate
 from sloctl.simulation.engine import WarehouseSimulator
 
 if TYPE_CHECKING:
@@ -172,6 +173,13 @@ class EndToEndConfig:
         oracle: add the ``oracle`` row: the Policy Tuner run on the graded day itself in
             the grading world (hindsight), graded like AutoSLO; it never competes.
         workers: SimulateBatch processes of the Policy Tuner (default: every core).
+        tuner_demand: service times of the training log's world where the Policy Tuner
+            plans with the ``iconq`` layer (the operator's baselines are tuned in the
+            median world, as before): ``empirical`` (a draw among the
+            training logs' isolated executions of the template on that size, as the
+            grading world draws from its own log) or ``median`` (the median with
+            log-normal noise: the rule before 2026-12-08, whose days are narrower than
+            the measured ones, so plans looked safer than they graded).
     """
 
     tuner: HistoryExperimentConfig = field(default_factory=lambda: HistoryExperimentConfig(
@@ -190,8 +198,17 @@ class EndToEndConfig:
     margin: float | str = "spread"
     oracle: bool = True
     workers: int | None = None
+    tuner_demand: str = "empirical"
 
     def validate(self) -> None:
+        if self.tuner_demand not in ("empirical", "median"):
+            raise ValueError(f"The 'tuner_demand' parameter of EndToEndConfig must be 'empirical' or 'median', "
+                             f"got {self.tuner_demand!r}.")
+        if self.tuner.max_units is not None and (isinstance(self.tuner.max_units, bool)
+                                                 or not isinstance(self.tuner.max_units, int)
+                                                 or self.tuner.max_units < 1):
+            raise ValueError(f"The 'max_units' parameter of the tuner settings must be an integer >= 1 or None, "
+                             f"got {self.tuner.max_units!r}.")
         if self.tuner_layer not in TUNER_LAYERS:
             raise ValueError(f"The 'tuner_layer' parameter of EndToEndConfig must be one of "
                              f"{', '.join(TUNER_LAYERS)}, got {self.tuner_layer!r}.")
@@ -447,7 +464,7 @@ def peak_hour(queries: Sequence[Query], hour_s: float) -> tuple[int, list[Query]
 
 
 def fixed_peak_pool(world: WarehouseEmulator, queries: Sequence[Query], *, hour_s: float, sizes: Sequence[int],
-                    tau: float, minimum_s: float, seed: int, max_clusters: int
+                    tau: float, minimum_s: float, seed: int, max_clusters: int, max_units: int | None = None
                     ) -> tuple[list[tuple[str, int]], dict[str, Any]]:
     """The cheapest fixed pool of one measured size that meets ``τ`` in the day's busiest hour.
 
@@ -455,13 +472,16 @@ def fixed_peak_pool(world: WarehouseEmulator, queries: Sequence[Query], *, hour_
     until the peak hour, simulated in ``world``, meets ``τ``; the cheapest of
     those pools is kept (the smaller budget on a tie). When no pool of up
     to ``max_clusters`` clusters meets ``τ``, the one with the lowest
-    violation rate is kept. Returns the pool and what was tried (costs in
-    size-1 cluster-hours of the compressed day).
+    violation rate is kept. Pools past ``max_units`` size units are not
+    tried. Returns the pool and what was tried (costs in size-1
+    cluster-hours of the compressed day).
     """
     hour, peak = peak_hour(queries, hour_s)
     tried = []
     for size in sorted(int(s) for s in sizes):
         for n in range(1, max_clusters + 1):
+            if max_units is not None and n * size > max_units:
+                break
             vr, cost = _simulate(world, _pool("peak", size, n), RoundRobinRouter(), peak, seed, minimum_s)
             tried.append({"size": size, "clusters": n, "vr": vr, "cost": cost / hour_s})
             if vr <= tau:
@@ -556,7 +576,7 @@ class _Planner:
             return cls(cfg, tcfg, None, None, window_s, delay_s + minimum_s)
         common = dict(mean_iso=mean_iso, minimum_s=minimum_s, spinup_delay_s=delay_s, tau_target=tcfg.tau_target,
                       sizes=tcfg.sizes, max_clusters=tcfg.max_clusters, router=router, sizes_from_plan=True,
-                      tuned_knobs=True)
+                      tuned_knobs=True, max_units=tcfg.max_units)
         return cls(cfg, tcfg, iconq_reactive_runner(train_world, model_dir, train_log, **common),
                    iconq_reactive_runner(world, model_dir, train_log, **common) if cfg.oracle else None, window_s,
                    delay_s + minimum_s)
@@ -714,7 +734,7 @@ def _buy_baselines(world: WarehouseEmulator, setup: _CellSetup, cell: _Cell, dra
     queries, seed = draw
     peak, peak_record = fixed_peak_pool(world, queries, hour_s=setup.hour_s, sizes=tcfg.sizes,
                                         tau=tcfg.tau_target, minimum_s=minimum_s, seed=seed,
-                                        max_clusters=tcfg.max_clusters)
+                                        max_clusters=tcfg.max_clusters, max_units=tcfg.max_units)
     half = half_split(peak_record["budget_units"], tcfg.sizes)
     queue_n, queue_record = tune_queue_n(setup, cell, cfg.queue_candidates, cfg.queue_tune_days, templates,
                                          slo_ref, scale, tcfg.tau_target)
@@ -776,6 +796,7 @@ class _Prepared:
     hour_s: float
     minimum_s: float
     delay_s: float
+    tuner_world: WarehouseEmulator  # the training logs' world the Policy Tuner plans in (cfg.tuner_demand)
 
 
 def _prepare(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, grade_log: pd.DataFrame,
@@ -793,8 +814,14 @@ def _prepare(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, grade_l
         raise ValueError(f"Instance {instance} has no weekday with {history_days + 1} days of history before it.")
     if cfg.sizes_from_logs:
         tcfg = dataclasses.replace(tcfg, sizes=measured_sizes(train_log, grade_log))
+    if tcfg.max_units is not None and tcfg.max_units < min(tcfg.sizes):
+        raise ValueError(f"The 'max_units' setting must fit one cluster of the smallest size {min(tcfg.sizes)}, "
+                         f"got {tcfg.max_units}.")
     train_world, train_report, slo_ref, templates, mean_iso, _ = scaling_setup(
         train_log, ScalingExperimentConfig(start_sizes=(1,), candidate_sizes=tuple(tcfg.sizes), seed=seed))
+    tuner_world = train_world  # where the Policy Tuner plans; the operator's baselines keep the median world
+    if cfg.tuner_demand == "empirical":
+        tuner_world = calibrate(train_log, seed=seed, demand="empirical")[0]
     world, report, templates = grading_world(grade_log, templates, tcfg.sizes, seed=seed)
     if cfg.slowdown != 1.0:
         world = world.slowed(cfg.slowdown)
@@ -802,7 +829,7 @@ def _prepare(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, grade_l
     hour_s = tcfg.hour_units * mean_iso
     minimum_s, delay_s = tcfg.minimum_units * mean_iso, tcfg.spinup_delay_units * mean_iso
     return _Prepared(tcfg, int(instance), rows, days, history_days, train_world, train_report, slo_ref, templates,
-                     mean_iso, world, report, scale, hour_s, minimum_s, delay_s)
+                     mean_iso, world, report, scale, hour_s, minimum_s, delay_s, tuner_world)
 
 
 def tuner_layers(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, model_dir: str | Path, *,
@@ -825,7 +852,7 @@ def tuner_layers(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, mod
                  for f in forecast_days(cell, setup, p.templates, p.scale, tcfg)]
     layers = {}
     for layer in TUNER_LAYERS:
-        planner = _Planner.build(dataclasses.replace(cfg, tuner_layer=layer, oracle=False), tcfg, p.train_world,
+        planner = _Planner.build(dataclasses.replace(cfg, tuner_layer=layer, oracle=False), tcfg, p.tuner_world,
                                  p.world, model_dir, train_log, mean_iso=p.mean_iso, minimum_s=p.minimum_s,
                                  delay_s=p.delay_s, router=router)
         layers[layer] = (planner.runner or setup.runner, planner.base(setup))
@@ -882,11 +909,12 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                                     spinup_delay_s=delay_s, tau_target=tcfg.tau_target, sizes=tcfg.sizes,
                                     max_clusters=tcfg.max_clusters, router=router,
                                     sizes_from_plan=cfg.plan_sizes, drift=drift,
-                                    tuned_knobs=cfg.tuner_layer == "iconq")
-    planner = _Planner.build(cfg, tcfg, train_world, world, model_dir, train_log, mean_iso=mean_iso,
+                                    tuned_knobs=cfg.tuner_layer == "iconq", max_units=tcfg.max_units)
+    planner = _Planner.build(cfg, tcfg, p.tuner_world, world, model_dir, train_log, mean_iso=mean_iso,
                              minimum_s=minimum_s, delay_s=delay_s, router=router)
-    queue = HistoryRunner(world, minimum_s, tcfg.queue_n, tcfg.pack_n, delay_s, tcfg.max_clusters)
-    capacity = _capacity_per_s(train_world, templates, tcfg.sizes)  # what the operator knows: the training log
+    queue = HistoryRunner(world, minimum_s, tcfg.queue_n, tcfg.pack_n, delay_s, tcfg.max_clusters, tcfg.max_units)
+    rais_sizes = [s for s in tcfg.sizes if tcfg.max_units is None or s <= tcfg.max_units]
+    capacity = _capacity_per_s(train_world, templates, rais_sizes)  # what the operator knows: the training log
     graders = _Graders(world, autoslo, queue, minimum_s, delay_s, hour_s, capacity, cfg)
 
     scenarios, details = [], []
@@ -968,11 +996,12 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                       "rows": len(grade_log)},
         "train_log": {"source": labels.get("train_log", "(frame)"), "sha256": train_hash,
                       "demand": train_world.demand, "alpha": {str(k): v for k, v in train_report.alpha.items()},
-                      "used_for": "SLO references, template table, the Policy Tuner's own world",
-                      "rows": len(train_log)},
+                      "used_for": "SLO references, template table, the operator's baseline tuning (this "
+                                  "demand) and the Policy Tuner's own world (tuner_demand)",
+                      "tuner_demand": p.tuner_world.demand, "rows": len(train_log)},
         "same_log": train_hash == grade_hash,
         "autoslo_sizes_from_plan": cfg.plan_sizes,
-        "peak_load": tcfg.peak_load, "max_clusters": tcfg.max_clusters,
+        "peak_load": tcfg.peak_load, "max_clusters": tcfg.max_clusters, "max_units": tcfg.max_units,
         "work_bound": {"rule": "Σ over the day's queries of min over sizes of size × mean service time: the "
                                "least any placement pays (no idle time, delays or billing minimums)",
                        "holds": all(a >= 1.0 for a in world.alpha.values())},

@@ -53,8 +53,8 @@ from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.pool import QueryRequest
 from sloctl.serving.local import free_port, stop_process
 
-__all__ = ["ClusterMirror", "LiveEndToEndConfig", "RuntimeLog", "best_baseline", "drive_through_runtime",
-           "end_to_end_live", "scale_plan", "scaled_queries"]
+__all__ = ["ClusterMirror", "LiveEndToEndConfig", "RuntimeLog", "best_baseline", "check_plan_fits",
+           "cluster_core_units", "drive_through_runtime", "end_to_end_live", "scale_plan", "scaled_queries"]
 
 #: How long the runtime may take to start and load its model.
 _STARTUP_TIMEOUT_S = 180.0
@@ -112,6 +112,34 @@ class LiveEndToEndConfig:
 
 # -- what to run live ---------------------------------------------------------------------------------------
 
+def cluster_core_units(pool_options: Mapping[str, Any] | None) -> int:
+    """Size units the cluster cores give without oversubscribing them (cores beside the reserved ones).
+
+    With CPU budgets (``size_unit_cores``) a cluster of size N takes N ×
+    ``size_unit_cores`` cores; pinned (``None``), N whole cores.
+    """
+    options = dict(pool_options or {})
+    cores = len(os.sched_getaffinity(0)) - int(options.get("reserved_cores") or 0)
+    if cores < 1:
+        raise ValueError(f"No core is left for clusters: {len(os.sched_getaffinity(0))} usable, "
+                         f"{options.get('reserved_cores')} reserved for the controller.")
+    unit = options.get("size_unit_cores")
+    return cores if unit is None else max(1, int(math.floor(cores / float(unit) + 1e-9)))
+
+
+def check_plan_fits(plan: ExecutionConfig, max_units: int, what: str = "AutoSLO's plan") -> None:
+    """Refuse, with a message, a plan the cluster cores cannot hold without oversubscription."""
+    start = sum(int(s) for s in plan.start_sizes)
+    if start > max_units:
+        raise ClusterPoolError(f"{what} starts {list(plan.start_sizes)} ({start} size units), more than the "
+                               f"{max_units} the cluster cores give; it is not run oversubscribed. Plan with "
+                               f"--max-units {max_units}.")
+    big = [s.size for s in plan.spinups if s.size > max_units]
+    if big:
+        raise ClusterPoolError(f"{what} schedules spin-ups of size {big}, more than the {max_units} size units the "
+                               f"cluster cores give; it is not run oversubscribed.")
+
+
 def best_baseline(results: Mapping[str, Mapping[str, Any]]) -> str:
     """The cheapest baseline that met ``τ`` in simulation, else the one with the lowest VR."""
     others = {k: v for k, v in results.items() if k != "autoslo"}
@@ -154,10 +182,13 @@ def scale_plan(plan: ExecutionConfig, knobs: AutoscalerConfig | None, time_scale
 class ClusterMirror:
     """Real clusters with the ids and sizes of the runtime's (ready and starting) clusters.
 
-    :meth:`sync` starts a real cluster for every runtime cluster it has not
-    got, and stops each real cluster the runtime no longer holds once its
+    :meth:`sync` stops each real cluster the runtime no longer holds once its
     queries have drained (the runtime retires busy clusters, the pool must
-    not kill their queries). Every start and stop lands in :attr:`log`.
+    not kill their queries), then starts a real cluster for every runtime
+    cluster it has not got. A start the cluster cores cannot hold while a
+    let-go cluster still drains is deferred to a later sync (its queries
+    wait), never run oversubscribed. Every start, deferral and stop lands in
+    :attr:`log`.
 
     Args:
         pool: a :class:`~sloctl.datasets.pool.ClusterPool` (``spin_up(size,
@@ -170,6 +201,7 @@ class ClusterMirror:
         self.clock = clock
         self.live: dict[str, int] = {}
         self.stopping: set[str] = set()
+        self.deferred: set[str] = set()
         self.log: list[dict[str, Any]] = []
 
     @staticmethod
@@ -182,17 +214,30 @@ class ClusterMirror:
     def sync(self, view: Mapping[str, Any], busy: Callable[[str], int]) -> None:
         """Bring the real clusters in line with ``view`` (``busy(cid)``: queries running there)."""
         wanted = self.wanted(view)
-        for cid, (size, state) in wanted.items():
+        for cid in wanted:
             self.stopping.discard(cid)
+        for cid in [c for c in self.live if c not in wanted]:
+            self.stopping.add(cid)
+        self.stop_drained(busy)  # first: a cluster let go frees its cores for the ones the runtime adds
+        for cid, (size, state) in wanted.items():
             if cid in self.live:
                 continue
-            self.pool.spin_up(size, cluster_id=cid)
+            try:
+                self.pool.spin_up(size, cluster_id=cid)
+            except ClusterPoolError:
+                if not self.stopping:
+                    raise
+                # the cores are still held by a cluster draining its last queries: start at a later sync
+                # (queries routed to it are held until it is ready)
+                if cid not in self.deferred:
+                    self.deferred.add(cid)
+                    self.log.append({"t": self.clock(), "event": "deferred", "cluster_id": cid, "size": size,
+                                     "draining": sorted(self.stopping)})
+                continue
+            self.deferred.discard(cid)
             self.live[cid] = size
             self.log.append({"t": self.clock(), "event": "start", "cluster_id": cid, "size": size,
                              "runtime_state": state})
-        for cid in [c for c in self.live if c not in wanted]:
-            self.stopping.add(cid)
-        self.stop_drained(busy)
 
     def stop_drained(self, busy: Callable[[str], int]) -> None:
         """Stop the clusters the runtime let go that run nothing any more."""
@@ -493,7 +538,7 @@ def run_autoslo_through_runtime(db_path: str | Path, queries: Sequence[Query], p
     from sloctl.datasets.duckdb_pool import DuckDBClusterPool
     from sloctl.registry.store import register_policy
 
-    options = {**dict(pool_options or {}), "allow_oversubscribe": True}
+    options = {**dict(pool_options or {}), "allow_oversubscribe": False}  # a plan that does not fit is refused
     router = {**_plain(router), "minimum_s": minimum_s}  # the runtime bills as the driver does
     reserved = None
     if options.get("size_unit_cores") is not None and options.get("reserved_cores"):
@@ -586,8 +631,12 @@ def _sql() -> dict[str, str]:
 def run_baseline_live(name: str, db_path: str | Path, queries: Sequence[Query], *, detail: Mapping[str, Any],
                       world: Mapping[str, Any], tuner: Any, rais: Mapping[str, Any], time_scale: float,
                       minimum_s: float, warmup_s: float, pool_options: Mapping[str, Any] | None,
-                      timeout_s: float, on_progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """One baseline of the simulation on the live warehouse, with the controller the simulation ran."""
+                      timeout_s: float, on_progress: Callable[[int, int], None] | None = None,
+                      max_units: int | None = None) -> dict[str, Any]:
+    """One baseline of the simulation on the live warehouse, with the controller the simulation ran.
+
+    ``max_units``: Queue@N adds no cluster past this many size units (the cluster cores').
+    """
     from sloctl.control.autoscaler import QueueScaler
     from sloctl.control.placement import PackingRouter
     from sloctl.experiments.end_to_end import RaisScaler, RaisSetting
@@ -601,10 +650,12 @@ def run_baseline_live(name: str, db_path: str | Path, queries: Sequence[Query], 
     elif name.startswith("queue@"):
         base: ExecutionConfig = detail["base"]
         knobs = scale_plan(base, None, time_scale, delay_s).autoscaler
+        if knobs is not None and max_units is not None:
+            knobs = dataclasses.replace(knobs, max_units=max_units)
         autoscaler = ScheduledSpinups([ScheduledSpinup(s.time_s * time_scale, s.size, s.mode) for s in base.spinups],
                                       QueueScaler(knobs, int(detail.get("queue_n", tuner.queue_n))),
                                       spinup_delay_s=delay_s,
-                                      max_clusters=tuner.max_clusters)
+                                      max_clusters=tuner.max_clusters, max_units=max_units)
         router = PackingRouter(tuner.pack_n)
         clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(base.start_sizes)]
     elif name.startswith("rais-"):
@@ -617,7 +668,7 @@ def run_baseline_live(name: str, db_path: str | Path, queries: Sequence[Query], 
     else:
         raise ValueError(f"The 'name' parameter of run_baseline_live must be a baseline of the simulation, "
                          f"got {name!r}.")
-    options = {**dict(pool_options or {}), "allow_oversubscribe": True}
+    options = {**dict(pool_options or {}), "allow_oversubscribe": False}  # a plan that does not fit is refused
     out = run_live(db_path, list(queries), clusters, router, minimum_s=minimum_s, timeout_s=timeout_s,
                    sql_by_template=_sql(), on_progress=on_progress, autoscaler=autoscaler, warmup_s=warmup_s,
                    pool_options=options)
@@ -668,17 +719,29 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
     relative = RelativeAutoscalerSettings()
     sim_knobs = None
     plan: ExecutionConfig = detail["plan"]
+    max_units = cluster_core_units(pool_options)  # nothing runs oversubscribed: what does not fit is refused
+    if tuner.max_units is not None:
+        max_units = min(max_units, tuner.max_units)
+    check_plan_fits(plan, max_units)
     plan_sizes = bool(result.world.get("autoslo_sizes_from_plan", False))
     if plan.autoscaler is not None:  # what the simulation enacted the plan with (IconqReactiveRunner)
         sim_knobs = dataclasses.replace(plan.autoscaler, tau_target=tuner.tau_target,
                                         candidate_sizes=tuple(plan.autoscaler.candidate_sizes if plan_sizes
                                                               else tuner.sizes),
-                                        max_clusters=tuner.max_clusters)
+                                        max_clusters=tuner.max_clusters, max_units=max_units)
         if result.world.get("tuner_layer", "queue") != "iconq":  # a plan tuned with another layer: defaults
             sim_knobs = dataclasses.replace(sim_knobs, window_s=relative.window_s * mean_iso, theta=relative.theta,
                                             tau_trigger=relative.tau_trigger, mu=relative.mu)
     live_plan = scale_plan(plan, sim_knobs, scale, runtime_delay_s)
-    baseline = best_baseline(scenario["results"])
+    # the operator's own rule (issue 52): the tuned Queue@N, else the best baseline of the simulation
+    baseline = "queue@tuned" if "queue@tuned" in scenario["results"] else best_baseline(scenario["results"])
+    if baseline.startswith("queue@"):
+        check_plan_fits(detail["base"], max_units, "Queue@N's starting pool")
+    elif baseline.startswith("fixed-"):
+        pool_units = sum(int(c[1]) for c in detail["pools"][baseline])
+        if pool_units > max_units:
+            raise ClusterPoolError(f"The {baseline} pool holds {pool_units} size units, more than the {max_units} "
+                                   f"the cluster cores give; it is not run oversubscribed.")
     cost_unit_s = hour_s * scale
 
     def progress(name: str) -> Callable[[int, int], None] | None:
@@ -694,7 +757,8 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
     started = time.perf_counter()
     base = run_baseline_live(baseline, db_path, queries, detail=detail, world=world, tuner=tuner,
                              rais=world.get("rais", {}), time_scale=scale, minimum_s=minimum_s, warmup_s=warmup_s,
-                             pool_options=pool_options, timeout_s=cfg.timeout_s, on_progress=progress(baseline))
+                             pool_options=pool_options, timeout_s=cfg.timeout_s, on_progress=progress(baseline),
+                             max_units=max_units)
     baseline_wall = time.perf_counter() - started
     tau = result.tau_target
     graded_live = (f"live: measured latencies on DuckDB clusters over {Path(db_path).name}"
@@ -713,8 +777,10 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
                      "truncated": None if cfg.max_queries is None or len(queries) == len(arrivals) else
                      f"only the first {len(queries)} of {len(arrivals)} arrivals (max_queries)"},
         "baseline": baseline,
-        "baseline_why": ("cheapest baseline meeting τ in simulation"
+        "baseline_why": ("the operator's tuned Queue@N" if baseline == "queue@tuned" else
+                         "cheapest baseline meeting τ in simulation"
                          if scenario["results"][baseline]["meets_tau"] else "lowest simulated VR (none met τ)"),
+        "max_units": max_units,
         "time_scale": {"live_s_per_sim_s": scale, "load_vs_simulation": 1.0 / scale, "live_day_s": day_s * scale,
                        "hour_s": hour_s * scale, "minimum_s": minimum_s, "spinup_delay_s": runtime_delay_s,
                        "warmup_s": warmup_s, "cost_unit": "size-1 cluster-hours of the compressed day",

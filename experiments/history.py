@@ -132,6 +132,11 @@ class HistoryExperimentConfig:
         pack_n: running queries per size unit below which the packing router
             still sends work to an older cluster.
         max_clusters: pool limit.
+        max_units: size units the pool may hold at once (the cluster core's,
+            for a plan that must run without oversubscribing it); ``None``:
+            no limit. Every approach honours it: the tuner searches only
+            starting pools that fit, the Autoscaler, Queue@N and scheduled
+            spin-ups add no cluster past it.
         policy: forecasting policy.
         grading_draws: placements of the actual day's arrivals within their
             hours; VR and cost are their means.
@@ -162,6 +167,7 @@ class HistoryExperimentConfig:
     queue_n: int = 4
     pack_n: int = 2
     max_clusters: int = 4
+    max_units: int | None = None
     policy: str = "decay"
     grading_draws: int = 3
     tune_knobs: bool = True
@@ -187,17 +193,35 @@ class HistoryRunner:
     pack_n: int = 1
     spinup_delay_s: float = 300.0
     max_clusters: int = 4
+    max_units: int | None = None
 
     def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
-
-        inner = QueueScaler(config.autoscaler, self.queue_n) if config.autoscaler is not None else None
+        check_fits(config, self.max_units)
+        knobs = config.autoscaler
+        if knobs is not None and self.max_units is not None:
+            knobs = dataclasses.replace(knobs, max_units=self.max_units)
+        inner = QueueScaler(knobs, self.queue_n) if knobs is not None else None
         scheduled = ScheduledSpinups(config.spinups, inner, spinup_delay_s=self.spinup_delay_s,
-                                     max_clusters=self.max_clusters)
+                                     max_clusters=self.max_clusters, max_units=self.max_units)
         clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(config.start_sizes)]
         sim = WarehouseSimulator(self.world, clusters, PackingRouter(self.pack_n), minimum_s=self.minimum_s,
                                  seed=seed, autoscaler=scheduled)
         out = sim.run(list(queries))
         return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)), explain_of(out))
+
+
+def check_fits(config: ExecutionConfig, max_units: int | None) -> None:
+    """Refuse a plan whose starting clusters, or any scheduled spin-up, exceed ``max_units`` size units."""
+    if max_units is None:
+        return
+    if sum(config.start_sizes) > max_units:
+        raise ValueError(f"The plan's starting clusters {list(config.start_sizes)} hold {sum(config.start_sizes)} "
+                         f"size units, more than the {max_units} the cluster core has (max_units); start fewer or "
+                         f"smaller clusters.")
+    big = [s.size for s in config.spinups if s.size > max_units]
+    if big:
+        raise ValueError(f"The plan schedules spin-ups of size {big}, larger than the {max_units} size units the "
+                         f"cluster core has (max_units).")
 
 
 _PREDICTORS: dict[str, Any] = {}
@@ -235,6 +259,8 @@ class IconqReactiveRunner:
             they replace the configuration's (the Policy Tuner tunes the
             teardown timers and the schedule, not these).
         spinup_delay_s, max_clusters: ``δ`` and the pool limit.
+        max_units: size units the pool may hold (``None``: no limit); a
+            plan whose starting clusters exceed it is refused.
         sizes_from_plan: the Spinup Size Selector chooses among the plan's
             own ``candidate_sizes`` (those the Policy Tuner planned with)
             instead of ``candidate_sizes``.
@@ -262,6 +288,7 @@ class IconqReactiveRunner:
     tau_target: float = 0.1
     candidate_sizes: tuple[int, ...] = (1, 2)
     max_clusters: int = 4
+    max_units: int | None = None
     sizes_from_plan: bool = False
     drift: DriftCalibration | None = None
     tuned_knobs: bool = False
@@ -276,6 +303,7 @@ class IconqReactiveRunner:
             return self._run(config, queries, seed)
 
     def _run(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
+        check_fits(config, self.max_units)
         model: Any = OnlinePredictor(_predictor(self.predictor_dir), self.table)
         if self.drift is not None:  # a fresh calibration per simulated day
             model = DriftCalibratedPredictor(model, self.drift.fresh())
@@ -284,13 +312,14 @@ class IconqReactiveRunner:
         if config.autoscaler is not None:
             sizes = config.autoscaler.candidate_sizes if self.sizes_from_plan else self.candidate_sizes
             knobs = dataclasses.replace(config.autoscaler, candidate_sizes=tuple(sizes),
-                                        spinup_delay_s=self.spinup_delay_s, max_clusters=self.max_clusters)
+                                        spinup_delay_s=self.spinup_delay_s, max_clusters=self.max_clusters,
+                                        max_units=self.max_units)
             if not self.tuned_knobs:
                 knobs = dataclasses.replace(knobs, window_s=self.window_s, theta=self.theta,
                                             tau_trigger=self.tau_trigger, mu=self.mu, tau_target=self.tau_target)
             inner = autoscaler_for(knobs, router, self.make_router, minimum_s=self.minimum_s)
         scheduled = ScheduledSpinups(config.spinups, inner, spinup_delay_s=self.spinup_delay_s,
-                                     max_clusters=self.max_clusters)
+                                     max_clusters=self.max_clusters, max_units=self.max_units)
         clusters = [(f"c{i}-s{s}", s) for i, s in enumerate(config.start_sizes)]
         sim = WarehouseSimulator(self.world, clusters, router, minimum_s=self.minimum_s, seed=seed,
                                  autoscaler=scheduled)
@@ -303,7 +332,7 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
                           minimum_s: float, spinup_delay_s: float, tau_target: float, sizes: Sequence[int],
                           max_clusters: int, router: RouterSection | None = None,
                           sizes_from_plan: bool = False, drift: DriftCalibration | None = None,
-                          tuned_knobs: bool = False) -> IconqReactiveRunner:
+                          tuned_knobs: bool = False, max_units: int | None = None) -> IconqReactiveRunner:
     """The :class:`IconqReactiveRunner` for a model bundle, its router settings resolved by ``build_router``.
 
     Args:
@@ -323,6 +352,7 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
         drift: the online drift calibration's settings (None: off).
         tuned_knobs: run each configuration's own Autoscaler knobs
             (:attr:`IconqReactiveRunner.tuned_knobs`).
+        max_units: size units the pool may hold (``None``: no limit).
     """
     from sloctl.core.config import RouterSection
 
@@ -336,8 +366,8 @@ def iconq_reactive_runner(world: WarehouseEmulator, model_dir: str | Path, log: 
         world, str(model_dir), table, built.slo_margin, built.cost_tolerance, minimum_s,
         relative.window_s * mean_iso, spinup_delay_s, guard=built.guard, violation_spread=built.violation_spread,
         theta=relative.theta, tau_trigger=relative.tau_trigger, mu=relative.mu, tau_target=tau_target,
-        candidate_sizes=tuple(sizes), max_clusters=max_clusters, sizes_from_plan=sizes_from_plan, drift=drift,
-        tuned_knobs=tuned_knobs)
+        candidate_sizes=tuple(sizes), max_clusters=max_clusters, max_units=max_units,
+        sizes_from_plan=sizes_from_plan, drift=drift, tuned_knobs=tuned_knobs)
 
 
 # -- instances, days and workloads ---------------------------------------------------------------------------
@@ -492,9 +522,9 @@ def _cell_setup(cell: _Cell, rows: pd.DataFrame, world: WarehouseEmulator, templ
     autoscaler = AutoscalerConfig(
         t_idle_s=cfg.t_idle_units * mean_iso, t_min_lifetime_s=cfg.t_min_lifetime_units * mean_iso,
         candidate_sizes=(min(cfg.sizes),), spinup_delay_s=cfg.spinup_delay_units * mean_iso,
-        max_clusters=cfg.max_clusters)
+        max_clusters=cfg.max_clusters, max_units=cfg.max_units)
     runner = HistoryRunner(world, cfg.minimum_units * mean_iso, cfg.queue_n, cfg.pack_n,
-                           autoscaler.spinup_delay_s, cfg.max_clusters)
+                           autoscaler.spinup_delay_s, cfg.max_clusters, cfg.max_units)
     return _CellSetup(hour_s, target, day0, t, matrix, day_seed, actuals, autoscaler, runner,
                       ExecutionConfig(autoscaler=autoscaler))
 
@@ -550,7 +580,7 @@ def _tune_on_history(cell: _Cell, setup: _CellSetup, slo_ref: dict[str, float], 
     started = time.perf_counter()
     if cfg.tune_knobs:
         space = SearchSpace({
-            "start_clusters": [1, 2], "start_size": list(cfg.sizes),
+            "start_sizes": starting_pools(cfg.sizes, cfg.max_units),
             "t_idle_s": (0.2 * autoscaler.t_idle_s, 5.0 * autoscaler.t_idle_s, "log"),
             "t_min_lifetime_s": (0.2 * autoscaler.t_min_lifetime_s, 5.0 * autoscaler.t_min_lifetime_s, "log"),
             **(knobs or {})})
@@ -582,6 +612,20 @@ def _tune_on_history(cell: _Cell, setup: _CellSetup, slo_ref: dict[str, float], 
             "forecast_wape": float(np.abs(forecast_hourly - actual_hourly).sum() / max(actual_hourly.sum(), 1)),
             "forecast_fingerprints": [_fingerprint(f) for f in forecasts]})
     return chosen, row
+
+
+def starting_pools(sizes: Sequence[int], max_units: int | None = None) -> list[tuple[int, ...]]:
+    """The starting pools the Configuration Tuner tries: one or two clusters of one size, those that fit.
+
+    Raises:
+        ValueError: not even one cluster of the smallest size fits ``max_units``.
+    """
+    pools = [(int(s),) * n for n in (1, 2) for s in sorted(sizes)]
+    fitting = [p for p in pools if max_units is None or sum(p) <= max_units]
+    if not fitting:
+        raise ValueError(f"The 'max_units' setting ({max_units}) must fit one cluster of the smallest size "
+                         f"{min(sizes)}, got none that fits.")
+    return fitting
 
 
 def forecast_days(cell: _Cell, setup: _CellSetup, templates: list[str], scale: float,

@@ -185,9 +185,9 @@ def mean_delta(results: list[dict[str, dict[str, float]]], baseline: str) -> dic
     return out
 
 
-def _setup(log: pd.DataFrame, sizes: set[int], seed: int):
+def _setup(log: pd.DataFrame, sizes: set[int], seed: int, demand: str = "median"):
     """World, calibration report, SLO references, usable templates, time unit and feature table."""
-    return calibrated_world(log, sizes, seed)
+    return calibrated_world(log, sizes, seed, demand)
 
 
 def predictor_error(frames: list[pd.DataFrame]) -> dict[str, float]:
@@ -336,9 +336,9 @@ def autoscaler_config(cfg: ScalingExperimentConfig, mean_iso: float, *, candidat
                                             max_clusters=max_clusters)
 
 
-def scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig):
+def scaling_setup(log: pd.DataFrame, cfg: ScalingExperimentConfig, demand: str = "median"):
     """:func:`_setup` for the sizes a scaling experiment starts with or may add."""
-    return _setup(log, set(cfg.start_sizes) | set(cfg.candidate_sizes), cfg.seed)
+    return _setup(log, set(cfg.start_sizes) | set(cfg.candidate_sizes), cfg.seed, demand)
 
 
 def _run_scaling(kind: str, approach: str, world, predictor, table, queries, start_size: int, cfg, mean_iso: float):

@@ -242,8 +242,10 @@ def _replay_errors(run: pd.DataFrame, isolated: dict[tuple[str, int], float], al
     return np.log(np.maximum(pred[keep], 1e-6) / run["latency_s"].to_numpy()[keep])
 
 
-def calibrated_world(log: pd.DataFrame, sizes: set[int], seed: int):
+def calibrated_world(log: pd.DataFrame, sizes: set[int], seed: int, demand: str = "median"):
     """The emulated warehouse of ``log`` and what a simulated day over it needs.
+
+    ``demand`` is :func:`calibrate`'s: ``median`` or ``empirical`` service times.
 
     Returns:
         ``(world, report, slo_ref, templates, mean_iso, table)``: the
@@ -258,7 +260,7 @@ def calibrated_world(log: pd.DataFrame, sizes: set[int], seed: int):
     """
     from sloctl.datasets.slo import slo_baselines
 
-    world, report = calibrate(log, seed=seed)
+    world, report = calibrate(log, seed=seed, demand=demand)
     sizes = sorted(sizes)
     slo_ref = slo_baselines(log, min(sizes))
     templates = [t for t in world.templates() if t in slo_ref and all((t, s) in world.isolated_s for s in sizes)]

@@ -801,6 +801,9 @@ def experiment_end_to_end_cmd(
                                            "offers this many times what one size-1 cluster serves (default: 6)."),
     max_clusters: int | None = typer.Option(None, "--max-clusters", help="The most clusters AutoSLO, Queue@N and "
                                             "the fixed-peak pool may hold at once (default: 8)."),
+    max_units: int | None = typer.Option(None, "--max-units", help="The most size units every approach may hold "
+                                         "at once (default: no limit; with --live, the cluster core's units, so "
+                                         "that nothing runs oversubscribed)."),
     drift_window: float | None = typer.Option(None, "--drift-window", help="Calibrate AutoSLO's predictions "
                                               "against completions online over this sliding window, in mean "
                                               "isolated latencies (e.g. 200); default: off (docs/end_to_end.md)."),
@@ -831,6 +834,8 @@ def experiment_end_to_end_cmd(
                                  param_hint="--peak-load")
     if max_clusters is not None and not 1 <= max_clusters <= 256:
         raise typer.BadParameter(f"must be a whole number in [1, 256]; got {max_clusters}", param_hint="--max-clusters")
+    if max_units is not None and not 1 <= max_units <= 4096:
+        raise typer.BadParameter(f"must be a whole number in [1, 4096]; got {max_units}", param_hint="--max-units")
     if tuner_layer not in ("iconq", "queue"):
         raise typer.BadParameter(f"must be 'iconq' or 'queue'; got {tuner_layer!r}", param_hint="--tuner-layer")
     try:
@@ -844,16 +849,18 @@ def experiment_end_to_end_cmd(
         raise typer.BadParameter(f"must be a whole number in [1, 256]; got {workers}", param_hint="--workers")
     live_cfg = _live_end_to_end(live_kappa, live_time_scale, live_max_day_s, live_max_queries, live_budgets,
                                 live_registry) if live else None
+    cfg = load_cli_config(config)
+    if live:
+        max_units = _live_units(max_units, cfg, live_cfg)
     hourly = _hourly_or_exit(hourly)
     _held_out_or_exit(train_log, grade_log, allow_same_log, "--train-log")
-    cfg = load_cli_config(config)
     live_db = _live_db(db, cfg) if live else None
     train, grade = read_logs(train_log, "--train-log"), read_logs(grade_log, "--grade-log")
     labels = {"train_log": ",".join(map(str, train_log)), "grade_log": ",".join(map(str, grade_log)), "model": model}
     result, live_doc = _run_end_to_end(hourly, train, grade, model, cfg, labels, live_db, live_cfg,
                                        instance=instance, seed=seed, quick=quick, allow_same_log=allow_same_log,
                                        slowdown=slowdown, drift_window=drift_window, peak_load=peak_load,
-                                       max_clusters=max_clusters,
+                                       max_clusters=max_clusters, max_units=max_units,
                                        planner={"tuner_layer": tuner_layer, "margin": margin_value,
                                                 "oracle": oracle and tuner_layer == "iconq", "workers": workers})
     if plots is not None and str(plots) not in ("", "."):  # typer reads --plots '' as Path('.')
@@ -905,6 +912,21 @@ def _live_end_to_end(live_kappa: float, live_time_scale: float | None, live_max_
                               budgets=live_budgets, tracking_uri=live_registry, max_queries=live_max_queries)
 
 
+def _live_units(max_units: int | None, cfg, live_cfg) -> int:
+    """``--max-units`` for a live run: the cluster core's units by default, never more (no oversubscription)."""
+    from sloctl.experiments.end_to_end_live import cluster_core_units
+
+    options = cfg.warehouse.pool_options() if live_cfg.budgets else None
+    fits = cluster_core_units(options)
+    if max_units is None:
+        return fits
+    if max_units > fits:
+        raise typer.BadParameter(f"must fit the cluster cores with --live: at most {fits} size units here (the "
+                                 f"cores beside warehouse.reserved_cores, in warehouse.size_unit_cores); got "
+                                 f"{max_units}", param_hint="--max-units")
+    return max_units
+
+
 def _hourly_or_exit(hourly: Path | None) -> Path:
     hourly = hourly if hourly is not None else _shared_hourly()
     if not hourly.is_file():
@@ -916,7 +938,7 @@ def _hourly_or_exit(hourly: Path | None) -> Path:
 def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db, live_cfg, *, instance, seed: int,
                     quick: bool, allow_same_log: bool, slowdown: float = 1.0, drift_window: float | None = None,
                     peak_load: float | None = None, max_clusters: int | None = None,
-                    planner: dict | None = None):
+                    max_units: int | None = None, planner: dict | None = None):
     """The simulated experiment, then (with ``live_cfg``) its live scenario; (result, live JSON or None)."""
     import contextlib
     import dataclasses
@@ -937,7 +959,8 @@ def _run_end_to_end(hourly, train, grade, model: str, cfg, labels: dict, live_db
 
         bundle = _model_folder(model, cfg, stack)
         sim_cfg = EndToEndConfig(slowdown=slowdown, drift_window_units=drift_window, **(planner or {}))
-        tuner = {k: v for k, v in (("peak_load", peak_load), ("max_clusters", max_clusters)) if v is not None}
+        tuner = {k: v for k, v in (("peak_load", peak_load), ("max_clusters", max_clusters),
+                                   ("max_units", max_units)) if v is not None}
         if tuner:
             sim_cfg = dataclasses.replace(sim_cfg, tuner=dataclasses.replace(sim_cfg.tuner, **tuner))
         result = end_to_end_experiment(hourly, train, grade, bundle, instance=instance, config=sim_cfg,

@@ -46,9 +46,9 @@ __all__ = ["STRATEGIES", "SearchSpace", "Trial", "KnobTuning", "PolicyResult", "
 STRATEGIES = ("grid", "random", "coordinate", "adaptive", "optuna")
 KINDS = ("int", "float", "log")
 # Knobs of the execution configuration itself (not of the reactive autoscaler).
-START_KNOBS = ("start_clusters", "start_size")
+START_KNOBS = ("start_clusters", "start_size", "start_sizes")
 _AUTOSCALER_FIELDS = tuple(f.name for f in dataclasses.fields(AutoscalerConfig))
-_INT_FIELDS = ("theta", "mu", "max_clusters", *START_KNOBS)
+_INT_FIELDS = ("theta", "mu", "max_clusters", "max_units", "start_clusters", "start_size")
 
 Knob = tuple[float, float, str] | Sequence[Any]
 Evaluate = Callable[[Sequence[ExecutionConfig], Sequence[Any]], Any]
@@ -60,7 +60,9 @@ class SearchSpace:
 
     Numeric knobs are tuples, choices are lists. Names are
     :class:`~sloctl.control.autoscaler.AutoscalerConfig` fields, or
-    ``start_clusters`` / ``start_size`` (the clusters active at time 0).
+    ``start_clusters`` / ``start_size`` (the clusters active at time 0), or
+    ``start_sizes``: choices of whole starting pools (lists of sizes, e.g.
+    only those that fit the cluster core).
     Numeric knobs have ``grid_points`` grid values (grid, random and
     coordinate strategies use the grid; adaptive and optuna sample between
     the bounds).
@@ -94,6 +96,11 @@ class SearchSpace:
             elif isinstance(spec, str) or not isinstance(spec, Sequence) or len(spec) == 0:
                 raise ConfigError(f"The knob {name!r} of SearchSpace must be (low, high, kind) or a non-empty "
                                   f"list of choices, got {spec!r}.")
+            if name == "start_sizes" and (self._numeric(spec) or not all(
+                    isinstance(c, Sequence) and not isinstance(c, str) and len(c) > 0
+                    and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in c) for c in spec)):
+                raise ConfigError(f"The knob 'start_sizes' of SearchSpace must be a list of starting pools, each a "
+                                  f"non-empty list of cluster sizes >= 1, got {spec!r}.")
 
     @staticmethod
     def _numeric(spec: Any) -> bool:
@@ -158,7 +165,9 @@ def apply_knobs(base: ExecutionConfig, params: Mapping[str, Any]) -> ExecutionCo
     if auto:
         autoscaler = dataclasses.replace(base.autoscaler or AutoscalerConfig(), **auto)
         config = dataclasses.replace(config, autoscaler=autoscaler)
-    if "start_clusters" in params or "start_size" in params:
+    if "start_sizes" in params:  # one knob for the whole starting pool (a list of sizes)
+        config = dataclasses.replace(config, start_sizes=tuple(int(s) for s in params["start_sizes"]))
+    elif "start_clusters" in params or "start_size" in params:
         n = int(params.get("start_clusters", len(base.start_sizes)))
         size = int(params.get("start_size", base.start_sizes[0]))
         config = dataclasses.replace(config, start_sizes=(size,) * n)

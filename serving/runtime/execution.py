@@ -216,6 +216,7 @@ class PlanEnactor:
         knobs = plan.config.autoscaler
         delay_s = knobs.spinup_delay_s if knobs is not None else self.serve.spinup_delay_s
         max_clusters = knobs.max_clusters if knobs is not None else AutoscalerConfig().max_clusters
+        max_units = knobs.max_units if knobs is not None else None
         upcoming, missed = [], []
         for spinup in plan.config.spinups:
             at = day_start + spinup_offset_s(plan, spinup.time_s, clock=self.serve.plan_clock)
@@ -223,7 +224,8 @@ class PlanEnactor:
                 missed.append((at, spinup))
             else:
                 upcoming.append(dataclasses.replace(spinup, time_s=at - self.wall0_s))
-        schedule = ScheduledSpinups(upcoming, None, spinup_delay_s=delay_s, max_clusters=max_clusters)
+        schedule = ScheduledSpinups(upcoming, None, spinup_delay_s=delay_s, max_clusters=max_clusters,
+                                    max_units=max_units)
         state = PlanInForce(plan, source, since, day_start, schedule, missed, start_applied=reshape,
                             start_note=None if reshape else not_reshaped)
         self.backend.delay_s = delay_s
@@ -266,10 +268,12 @@ class PlanEnactor:
         schedule = self.current.schedule
         requested, skipped = len(schedule.requested), len(schedule.skipped)
         actions = schedule.due(now_s, self.pool.views(now_s))
-        for spinup in schedule.skipped[skipped:]:
+        for spinup, why in zip(schedule.skipped[skipped:], schedule.skipped_why[skipped:], strict=True):
+            limit = (f"the pool holds max_clusters={schedule.config.max_clusters} clusters" if why == "max_clusters"
+                     else f"a size-{spinup.size} cluster would take the pool past max_units="
+                          f"{schedule.config.max_units} size units")
             self._log(now_s, "skipped", origin="schedule", size=spinup.size, mode=spinup.mode,
-                      scheduled_at=iso_time(self.wall0_s + spinup.time_s),
-                      why=f"the pool holds max_clusters={schedule.config.max_clusters} clusters")
+                      scheduled_at=iso_time(self.wall0_s + spinup.time_s), why=limit)
         groups: list[list[ScalingAction]] = []
         for action in actions:  # one spin_up (and a vertical one's retire_others) per scheduled spin-up
             if action.kind == "spin_up":
@@ -353,7 +357,8 @@ class PlanEnactor:
                          "autoscaler": dataclasses.asdict(knobs) if knobs is not None else None,
                          "reactive": state.reactive, "day_start": iso_time(state.day_start_wall_s),
                          "plan_clock": self.serve.plan_clock, "spinup_delay_s": self.backend.delay_s,
-                         "max_clusters": state.schedule.config.max_clusters, "upcoming": len(upcoming)},
+                         "max_clusters": state.schedule.config.max_clusters,
+                         "max_units": state.schedule.config.max_units, "upcoming": len(upcoming)},
             "next_spinup": None if nxt is None else {"at": iso_time(self.wall0_s + nxt.time_s), "size": nxt.size,
                                                      "mode": nxt.mode},
             "enacted": list(self.enacted),

@@ -209,7 +209,11 @@ def test_the_policy_tuner_simulates_with_the_layer_that_enacts_the_plan(sim_log,
     iconq, base = layers["iconq"]
     assert isinstance(iconq, IconqReactiveRunner) and iconq.tuned_knobs and iconq.sizes_from_plan
     assert isinstance(layers["queue"][0], HistoryRunner)
-    assert iconq.world is layers["queue"][0].world  # both in the training log's world, not the grading one
+    # both in the training log's world, not the grading one: the tuner's with the training runs' own
+    # service times (empirical demand), the operator's with their medians
+    tuner_world, operator_world = iconq.world, layers["queue"][0].world
+    assert (tuner_world.demand, operator_world.demand) == ("empirical", "median")
+    assert tuner_world.isolated_s == operator_world.isolated_s and tuner_world.alpha == operator_world.alpha
     assert base.autoscaler.candidate_sizes == (1, 2) and base.autoscaler.tau_target == 0.1
     # the configuration's own knobs run: a trigger that cannot fire never spins a cluster up
     quiet = dataclasses.replace(base, autoscaler=dataclasses.replace(base.autoscaler, theta=10**6))
@@ -568,3 +572,16 @@ def test_explain_prints_one_line_per_approach_and_scenario(tiny_run, capsys):
     rows = lines[1:]
     assert len(rows) == sum(len(s["results"]) for s in doc["scenarios"])
     assert all("busy" in r and "minimum windows" in r and "VR slack" in r for r in rows)
+
+
+def test_every_approach_fits_the_units_it_is_given(sim_log, model_dir):
+    """Item 7 of issue 52: with ``max_units`` the plan, the fixed pools and the tuner's trials all fit it."""
+    cfg = dataclasses.replace(TINY, tuner=dataclasses.replace(TINY.tuner, kappas=(2.0,), n_target_days=1,
+                                                              max_units=2, peak_load=3.0))
+    result = end_to_end_experiment(busy_morning_contour(), sim_log, held_out(sim_log), model_dir, config=cfg, seed=0)
+    assert result.world["max_units"] == 2
+    for scenario, detail in zip(result.scenarios, result.details, strict=True):
+        assert sum(detail["plan"].start_sizes) <= 2 and all(s.size <= 2 for s in detail["plan"].spinups)
+        assert sum(size for _, size in detail["pools"]["fixed-peak"]) <= 2
+        assert all(t["size"] * t["clusters"] <= 2 for t in scenario["baselines"]["fixed-peak"]["tried"])
+        assert sum(scenario["results"]["oracle"]["planned"]["plan"]["start_sizes"]) <= 2

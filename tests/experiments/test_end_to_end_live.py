@@ -209,3 +209,58 @@ def test_cli_refuses_a_live_kappa_the_simulation_does_not_run_before_simulating(
     assert proc.returncode == 2 and "--live-kappa" in proc.stderr and "(2, 4)" in proc.stderr
     proc = run_sloctl(*common, "--live-time-scale", "0", timeout_s=60)
     assert proc.returncode == 2 and "--live-time-scale" in proc.stderr
+
+
+class CappedPool(FakePool):
+    """A FakePool whose cluster core holds ``units`` size units and refuses more, as DuckDBClusterPool does."""
+
+    def __init__(self, units: int) -> None:
+        super().__init__()
+        self.units = units
+
+    def spin_up(self, size: int, *, cluster_id: str | None = None) -> str:
+        from sloctl.core.errors import ClusterPoolError
+
+        held = sum(s for s, state in self.states.values() if state == "ready")
+        if held + size > self.units:
+            raise ClusterPoolError(f"a size-{size} cluster does not fit beside {held} units")
+        return super().spin_up(size, cluster_id=cluster_id)
+
+
+def test_a_start_waits_for_the_cores_a_draining_cluster_still_holds():
+    pool, busy = CappedPool(4), {"a": 1}
+    mirror = ClusterMirror(pool, lambda: 0.0)
+    mirror.sync({"clusters": [{"cluster_id": "a", "size": 4}]}, lambda cid: busy.get(cid, 0))
+    # the runtime let "a" go (busy: it drains) and added "b": the core is still full
+    mirror.sync({"clusters": [{"cluster_id": "b", "size": 2}]}, lambda cid: busy.get(cid, 0))
+    assert pool.calls == [("start", "a")] and mirror.deferred == {"b"} and mirror.state("b") is None
+    assert mirror.log[-1]["event"] == "deferred" and mirror.log[-1]["draining"] == ["a"]
+    busy["a"] = 0
+    mirror.sync({"clusters": [{"cluster_id": "b", "size": 2}]}, lambda cid: busy.get(cid, 0))
+    assert pool.calls == [("start", "a"), ("stop", "a"), ("start", "b")] and mirror.deferred == set()
+    with pytest.raises(Exception, match="does not fit"):  # nothing drains: a start that cannot fit is an error
+        mirror.sync({"clusters": [{"cluster_id": "b", "size": 2}, {"cluster_id": "c", "size": 4}]}, lambda cid: 0)
+
+
+def test_the_cluster_cores_units_and_a_plan_that_does_not_fit_them(monkeypatch):
+    from sloctl.core.errors import ClusterPoolError
+    from sloctl.experiments.end_to_end_live import check_plan_fits, cluster_core_units
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    assert cluster_core_units({"size_unit_cores": 0.25, "reserved_cores": 1}) == 4
+    assert cluster_core_units({"size_unit_cores": 0.5, "reserved_cores": 0}) == 4
+    assert cluster_core_units(None) == 2  # pinned: a size-N cluster takes N whole cores
+    with pytest.raises(ValueError, match="No core is left"):
+        cluster_core_units({"size_unit_cores": 0.25, "reserved_cores": 2})
+    check_plan_fits(ExecutionConfig(start_sizes=(2, 2), spinups=(ScheduledSpinup(5.0, 4),)), 4)
+    with pytest.raises(ClusterPoolError, match=r"starts \[4, 4\] \(8 size units\), more than the 4 .* "
+                                               r"not run oversubscribed"):
+        check_plan_fits(ExecutionConfig(start_sizes=(4, 4)), 4)
+    with pytest.raises(ClusterPoolError, match=r"spin-ups of size \[8\]"):
+        check_plan_fits(ExecutionConfig(start_sizes=(1,), spinups=(ScheduledSpinup(5.0, 8),)), 4)
+
+
+def test_cli_refuses_more_units_than_the_cluster_cores_give_before_simulating(tmp_path, run_sloctl):
+    proc = run_sloctl("experiment", "end-to-end", "--train-log", tmp_path / "a.parquet", "--grade-log",
+                      tmp_path / "b.parquet", "--live", "--plots", "", "--max-units", "4096", timeout_s=60)
+    assert proc.returncode == 2 and "--max-units" in proc.stderr and "must fit the cluster cores" in proc.stderr

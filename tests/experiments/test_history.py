@@ -87,3 +87,28 @@ def test_queue_scaler_adds_one_cluster_at_a_time_and_tears_idle_ones_down():
     assert scaler.on_arrival(q, starting) == []
     idle = [ClusterView("c0", 1, True, 0.0, 99.0, 1), ClusterView("c1", 1, True, 50.0, 60.0, 0)]
     assert [(a.kind, a.cluster_id) for a in scaler.on_arrival(q, idle)] == [("tear_down", "c1")]
+
+
+def test_the_tuner_tries_only_starting_pools_that_fit_the_units():
+    from sloctl.experiments.history import starting_pools
+
+    assert starting_pools((1, 2, 4)) == [(1,), (2,), (4,), (1, 1), (2, 2), (4, 4)]
+    assert starting_pools((1, 2, 4), 4) == [(1,), (2,), (4,), (1, 1), (2, 2)]
+    assert starting_pools((2, 1), 1) == [(1,)]
+    with pytest.raises(ValueError, match="'max_units' setting \\(1\\) must fit one cluster of the smallest size 2"):
+        starting_pools((2, 4), 1)
+
+
+def test_a_runner_refuses_a_plan_past_the_units_instead_of_running_it(sim_log):
+    from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup
+    from sloctl.experiments.history import HistoryRunner
+    from sloctl.simulation.emulator import calibrate
+
+    world, _ = calibrate(sim_log)
+    runner = HistoryRunner(world, minimum_s=1.0, max_units=2)
+    queries = [Query(0, sorted(world.templates())[0], 0.0, 10.0)]
+    assert runner(ExecutionConfig(start_sizes=(1, 1)), queries, 0).n_queries == 1
+    with pytest.raises(ValueError, match=r"starting clusters \[2, 2\] hold 4 size units, more than the 2"):
+        runner(ExecutionConfig(start_sizes=(2, 2)), queries, 0)
+    with pytest.raises(ValueError, match=r"spin-ups of size \[4\]"):
+        runner(ExecutionConfig(start_sizes=(1,), spinups=(ScheduledSpinup(1.0, 4),)), queries, 0)
