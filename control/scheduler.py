@@ -40,6 +40,7 @@ import numpy as np
 from sloctl.control.autoscaler import AutoscalerConfig
 from sloctl.control.billing import best_with_target
 from sloctl.control.managed import ScalingAction
+from sloctl.core.errors import ConfigError
 
 __all__ = [
     "CongestionEpoch",
@@ -89,6 +90,28 @@ class ExecutionConfig:
         """A copy with one more scheduled spin-up (kept sorted by time)."""
         spinups = tuple(sorted((*self.spinups, spinup), key=lambda s: (s.time_s, s.size, s.mode)))
         return dataclasses.replace(self, spinups=spinups)
+
+    def check_fits(self, max_units: int | None, what: str = "The plan") -> None:
+        """Refuse a configuration whose starting clusters or a scheduled spin-up exceed ``max_units`` size units.
+
+        ``max_units`` is the cluster cores' (``AutoscalerConfig.max_units``);
+        ``None``: no limit. A configuration that does not fit is never run
+        oversubscribed.
+
+        Raises:
+            ConfigError: naming the sizes and the limit.
+        """
+        if max_units is None:
+            return
+        start = sum(int(s) for s in self.start_sizes)
+        if start > max_units:
+            raise ConfigError(f"{what} starts clusters {list(self.start_sizes)}: {start} size units, more than the "
+                              f"{max_units} the cluster cores give (max_units); start fewer or smaller clusters, "
+                              f"or plan with max_units {max_units}.")
+        big = [s.size for s in self.spinups if s.size > max_units]
+        if big:
+            raise ConfigError(f"{what} schedules spin-ups of size {big}, more than the {max_units} size units the "
+                              f"cluster cores give (max_units).")
 
 
 @dataclass(frozen=True, eq=False)

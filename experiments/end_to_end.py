@@ -178,7 +178,7 @@ class EndToEndConfig:
             median world, as before): ``empirical`` (a draw among the
             training logs' isolated executions of the template on that size, as the
             grading world draws from its own log) or ``median`` (the median with
-            log-normal noise: the rule before 2026-12-08, whose days are narrower than
+            log-normal noise: the rule before commit e7ad65e, whose days are narrower than
             the measured ones, so plans looked safer than they graded).
     """
 
@@ -611,20 +611,20 @@ class _Planner:
         return knobs
 
     def plan(self, cell: _Cell, setup: _CellSetup, slo_ref: dict[str, float], templates: list[str],
-             mean_iso: float, scale: float, tcfg: HistoryExperimentConfig) -> tuple[ExecutionConfig, dict[str, Any]]:
+             mean_iso: float, scale: float) -> tuple[ExecutionConfig, dict[str, Any]]:
         """The Policy Tuner on forecasts of the day, in the training log's world."""
+        tcfg = self.tcfg
         if self.runner is None:  # the cheap layer (one per cell): inline, as before, no processes to start
             return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, workers=1)
         return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, base=self.base(setup),
                                 knobs=self.knobs(setup), margin=self.cfg.margin, pool=self.pool(self.runner))
 
     def oracle(self, cell: _Cell, setup: _CellSetup, day: list[list[Query]], slo_ref: dict[str, float],
-               templates: list[str], mean_iso: float, scale: float, tcfg: HistoryExperimentConfig
-               ) -> tuple[ExecutionConfig, dict[str, Any]]:
+               templates: list[str], mean_iso: float, scale: float) -> tuple[ExecutionConfig, dict[str, Any]]:
         """The Policy Tuner on the graded day itself, in the grading world: the best of AutoSLO's family."""
         if self.oracle_runner is None:
             raise ValueError("The oracle needs the 'iconq' tuner layer and EndToEndConfig.oracle.")
-        return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, tcfg, runner=self.oracle_runner,
+        return _tune_on_history(cell, setup, slo_ref, templates, mean_iso, scale, self.tcfg, runner=self.oracle_runner,
                                 base=self.base(setup), knobs=self.knobs(setup), margin=0.0, workloads=day,
                                 pool=self.pool(self.oracle_runner))
 
@@ -925,7 +925,7 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                 cell_started = time.perf_counter()
                 cell = _Cell(int(instance), day, kappa, history_days, seed)
                 setup = _cell_setup(cell, rows[["ts", "query_count"]], train_world, templates, mean_iso, scale, tcfg)
-                chosen, tuned = planner.plan(cell, setup, slo_ref, templates, mean_iso, scale, tcfg)
+                chosen, tuned = planner.plan(cell, setup, slo_ref, templates, mean_iso, scale)
                 if forecast is None:
                     with tempfile.TemporaryDirectory() as folder:
                         forecaster = Forecaster(_history_reservoir(folder, cell, setup), tcfg.policy, seed=seed)
@@ -951,7 +951,7 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                                                  "plan": _plan_doc(chosen, hour_s, mean_iso)}
                 if planner.oracle_runner is not None:
                     hindsight, oracle_row = planner.oracle(cell, setup, [q for q, _ in draws], slo_ref, templates,
-                                                          mean_iso, scale, tcfg)
+                                                          mean_iso, scale)
                     outs = [graders.run("autoslo", q, s, plan=hindsight, base=setup.base, forecast_per_s=forecast,
                                         choices=choices) for q, s in draws]
                     vr, cost = float(np.mean([o[0] for o in outs])), float(np.mean([o[1] for o in outs])) / hour_s

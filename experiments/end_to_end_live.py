@@ -49,11 +49,11 @@ from sloctl.control.autoscaler import AutoscalerConfig, RelativeAutoscalerSettin
 from sloctl.control.billing import BillingTimer
 from sloctl.control.router import Query, RoundRobinRouter
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup, ScheduledSpinups
-from sloctl.core.errors import ClusterPoolError
+from sloctl.core.errors import ClusterPoolError, ConfigError
 from sloctl.datasets.pool import QueryRequest
 from sloctl.serving.local import free_port, stop_process
 
-__all__ = ["ClusterMirror", "LiveEndToEndConfig", "RuntimeLog", "best_baseline", "check_plan_fits",
+__all__ = ["ClusterMirror", "LiveEndToEndConfig", "RuntimeLog", "best_baseline",
            "cluster_core_units", "drive_through_runtime", "end_to_end_live", "scale_plan", "scaled_queries"]
 
 #: How long the runtime may take to start and load its model.
@@ -125,19 +125,6 @@ def cluster_core_units(pool_options: Mapping[str, Any] | None) -> int:
                          f"{options.get('reserved_cores')} reserved for the controller.")
     unit = options.get("size_unit_cores")
     return cores if unit is None else max(1, int(math.floor(cores / float(unit) + 1e-9)))
-
-
-def check_plan_fits(plan: ExecutionConfig, max_units: int, what: str = "AutoSLO's plan") -> None:
-    """Refuse, with a message, a plan the cluster cores cannot hold without oversubscription."""
-    start = sum(int(s) for s in plan.start_sizes)
-    if start > max_units:
-        raise ClusterPoolError(f"{what} starts {list(plan.start_sizes)} ({start} size units), more than the "
-                               f"{max_units} the cluster cores give; it is not run oversubscribed. Plan with "
-                               f"--max-units {max_units}.")
-    big = [s.size for s in plan.spinups if s.size > max_units]
-    if big:
-        raise ClusterPoolError(f"{what} schedules spin-ups of size {big}, more than the {max_units} size units the "
-                               f"cluster cores give; it is not run oversubscribed.")
 
 
 def best_baseline(results: Mapping[str, Mapping[str, Any]]) -> str:
@@ -722,7 +709,7 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
     max_units = cluster_core_units(pool_options)  # nothing runs oversubscribed: what does not fit is refused
     if tuner.max_units is not None:
         max_units = min(max_units, tuner.max_units)
-    check_plan_fits(plan, max_units)
+    plan.check_fits(max_units, "AutoSLO's plan")
     plan_sizes = bool(result.world.get("autoslo_sizes_from_plan", False))
     if plan.autoscaler is not None:  # what the simulation enacted the plan with (IconqReactiveRunner)
         sim_knobs = dataclasses.replace(plan.autoscaler, tau_target=tuner.tau_target,
@@ -736,12 +723,12 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
     # the operator's own rule (issue 52): the tuned Queue@N, else the best baseline of the simulation
     baseline = "queue@tuned" if "queue@tuned" in scenario["results"] else best_baseline(scenario["results"])
     if baseline.startswith("queue@"):
-        check_plan_fits(detail["base"], max_units, "Queue@N's starting pool")
+        detail["base"].check_fits(max_units, "Queue@N's starting pool")
     elif baseline.startswith("fixed-"):
         pool_units = sum(int(c[1]) for c in detail["pools"][baseline])
         if pool_units > max_units:
-            raise ClusterPoolError(f"The {baseline} pool holds {pool_units} size units, more than the {max_units} "
-                                   f"the cluster cores give; it is not run oversubscribed.")
+            raise ConfigError(f"The {baseline} pool holds {pool_units} size units, more than the {max_units} the "
+                              f"cluster cores give; it is not run oversubscribed.")
     cost_unit_s = hour_s * scale
 
     def progress(name: str) -> Callable[[int, int], None] | None:

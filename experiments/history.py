@@ -196,7 +196,7 @@ class HistoryRunner:
     max_units: int | None = None
 
     def __call__(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
-        check_fits(config, self.max_units)
+        config.check_fits(self.max_units)
         knobs = config.autoscaler
         if knobs is not None and self.max_units is not None:
             knobs = dataclasses.replace(knobs, max_units=self.max_units)
@@ -208,20 +208,6 @@ class HistoryRunner:
                                  seed=seed, autoscaler=scheduled)
         out = sim.run(list(queries))
         return CellResult(out.violation_rate, out.cost, timeline_of(out, len(clusters)), explain_of(out))
-
-
-def check_fits(config: ExecutionConfig, max_units: int | None) -> None:
-    """Refuse a plan whose starting clusters, or any scheduled spin-up, exceed ``max_units`` size units."""
-    if max_units is None:
-        return
-    if sum(config.start_sizes) > max_units:
-        raise ValueError(f"The plan's starting clusters {list(config.start_sizes)} hold {sum(config.start_sizes)} "
-                         f"size units, more than the {max_units} the cluster core has (max_units); start fewer or "
-                         f"smaller clusters.")
-    big = [s.size for s in config.spinups if s.size > max_units]
-    if big:
-        raise ValueError(f"The plan schedules spin-ups of size {big}, larger than the {max_units} size units the "
-                         f"cluster core has (max_units).")
 
 
 _PREDICTORS: dict[str, Any] = {}
@@ -303,7 +289,7 @@ class IconqReactiveRunner:
             return self._run(config, queries, seed)
 
     def _run(self, config: ExecutionConfig, queries: Sequence[Query], seed: int) -> CellResult:
-        check_fits(config, self.max_units)
+        config.check_fits(self.max_units)
         model: Any = OnlinePredictor(_predictor(self.predictor_dir), self.table)
         if self.drift is not None:  # a fresh calibration per simulated day
             model = DriftCalibratedPredictor(model, self.drift.fresh())

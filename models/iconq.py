@@ -26,7 +26,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-__all__ = ["IconqConfig", "IconqNet", "IncrementalIconq", "NeighbourStep", "QueryEmbedding", "qerror_loss"]
+__all__ = ["IconqConfig", "IconqNet", "IncrementalIconq", "NeighbourStep", "QueryEmbedding", "RunningSlots",
+           "qerror_loss"]
 
 _AFTER_ORDERS = ("chronological", "reverse")
 
@@ -240,7 +241,96 @@ class QueryEmbedding:
     raw_s: np.ndarray
 
 
-class IncrementalIconq:
+class RunningSlots:
+    """What both incremental Iconq+ engines keep alike: the slot each running query owns, and the guard.
+
+    A running query owns one row ("slot") of the engine's state arrays
+    until it is removed; freed slots are reused, and the arrays grow by
+    doubling (:meth:`_grow` is the engine's part). The guard is the last
+    guarded prediction per slot, which a running query's prediction never
+    falls below.
+    """
+
+    _slot: dict[Hashable, int]
+    _free: list[int]
+    _guard_s: np.ndarray
+
+    def _init_slots(self) -> None:
+        self._slot, self._free, self._guard_s = {}, [], np.zeros(0)
+
+    def _copy_slots(self, twin: RunningSlots) -> None:
+        twin._slot, twin._free, twin._guard_s = dict(self._slot), list(self._free), self._guard_s.copy()
+
+    def __len__(self) -> int:
+        return len(self._slot)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._slot
+
+    def _slots(self, keys: Sequence[Hashable]) -> list[int]:
+        try:
+            slots = [self._slot[k] for k in keys]
+        except KeyError as exc:
+            raise KeyError(f"Query {exc.args[0]!r} is not running.") from None
+        if len(set(slots)) != len(slots):
+            raise ValueError(f"Keys must be distinct, got {list(keys)!r}.")
+        return slots
+
+    def _grow(self, rows: int) -> None:
+        """Append ``rows`` zero rows to each of the engine's state arrays."""
+        raise NotImplementedError
+
+    def _new_slot(self) -> int:
+        if self._free:
+            return self._free.pop()
+        n = len(self._guard_s)
+        grow = max(n, 16)
+        self._grow(grow)
+        self._guard_s = np.concatenate([self._guard_s, np.zeros(grow)])
+        self._free.extend(range(n + grow - 1, n, -1))
+        return n
+
+    def _claim(self, key: Hashable) -> int:
+        """A slot for a query that has just arrived (refused if it already runs)."""
+        if key in self._slot:
+            raise ValueError(f"Query {key!r} is already running.")
+        slot = self._new_slot()
+        self._slot[key] = slot
+        return slot
+
+    def _guarded(self, slots: list[int], raw_s: np.ndarray, elapsed_s: Sequence[float] | np.ndarray | None
+                 ) -> np.ndarray:
+        """``raw_s`` raised to the guard and to ``elapsed_s``; the result becomes the new guard."""
+        out = np.maximum(raw_s, self._guard_s[slots])
+        if elapsed_s is not None:
+            elapsed = np.asarray(elapsed_s, dtype=np.float64)
+            if elapsed.shape != out.shape:
+                raise ValueError(f"'elapsed_s' must have shape {out.shape}, got {elapsed.shape}.")
+            out = np.maximum(out, elapsed)
+        self._guard_s[slots] = out
+        return out
+
+    def guard_step(self, step: NeighbourStep, elapsed_s: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
+        """Guarded predictions of a step from ``step_neighbour``, as ``peek_neighbour`` returns them."""
+        out = np.maximum(step.raw_s, self._guard_s[step.slots])
+        if elapsed_s is not None:
+            out = np.maximum(out, np.asarray(elapsed_s, dtype=np.float64))
+        return out
+
+    def _check_step(self, step: NeighbourStep) -> None:
+        if self._slots(step.keys) != step.slots:
+            raise ValueError("The step was computed for another set of running queries; compute it again.")
+
+    def remove(self, key: Hashable) -> None:
+        """Stop tracking ``key`` (finished or aborted); its slot is reused."""
+        try:
+            slot = self._slot.pop(key)
+        except KeyError:
+            raise KeyError(f"Query {key!r} is not running.") from None
+        self._free.append(slot)
+
+
+class IncrementalIconq(RunningSlots):
     """Latency predictions for running queries, updated one arrival at a time (section 4.4).
 
     Each running query keeps its self embedding, its before-pass summary and its
@@ -265,8 +355,7 @@ class IncrementalIconq:
                 f"got {net.config.after_order!r}."
             )
         self.net = net.eval()
-        self._slot: dict[Hashable, int] = {}
-        self._free: list[int] = []
+        self._init_slots()
         p = next(net.parameters())
         E, H = net.config.embed_dim, net.config.hidden_dim
         # Rows are slots; a key owns one row of each tensor until it is removed.
@@ -275,61 +364,27 @@ class IncrementalIconq:
         self._h = p.new_zeros(0, H)  # (N, H)
         self._c = p.new_zeros(0, H)  # (N, H)
         self._base_log = p.new_zeros(0)  # (N,)
-        self._guard_s = np.zeros(0)  # (N,)
-
-    def __len__(self) -> int:
-        return len(self._slot)
 
     def fork(self) -> IncrementalIconq:
         """An independent copy of every running query's state, sharing the network."""
         twin = IncrementalIconq.__new__(IncrementalIconq)
         twin.net = self.net
-        twin._slot = dict(self._slot)
-        twin._free = list(self._free)
+        self._copy_slots(twin)
         for name in ("_self_e", "_h_before", "_h", "_c", "_base_log"):
             setattr(twin, name, getattr(self, name).clone())
-        twin._guard_s = self._guard_s.copy()
         return twin
 
-    def __contains__(self, key: object) -> bool:
-        return key in self._slot
-
-    def _slots(self, keys: Sequence[Hashable]) -> list[int]:
-        try:
-            slots = [self._slot[k] for k in keys]
-        except KeyError as exc:
-            raise KeyError(f"Query {exc.args[0]!r} is not running.") from None
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"Keys must be distinct, got {list(keys)!r}.")
-        return slots
-
-    def _new_slot(self) -> int:
-        if self._free:
-            return self._free.pop()
-        n = self._h.shape[0]
-        grow = max(n, 16)
-        self._self_e = torch.cat([self._self_e, self._self_e.new_zeros(grow, self._self_e.shape[1])])
-        self._h_before = torch.cat([self._h_before, self._h_before.new_zeros(grow, self._h_before.shape[1])])
-        self._h = torch.cat([self._h, self._h.new_zeros(grow, self._h.shape[1])])
-        self._c = torch.cat([self._c, self._c.new_zeros(grow, self._c.shape[1])])
-        self._base_log = torch.cat([self._base_log, self._base_log.new_zeros(grow)])
-        self._guard_s = np.concatenate([self._guard_s, np.zeros(grow)])
-        self._free.extend(range(n + grow - 1, n, -1))
-        return n
+    def _grow(self, rows: int) -> None:
+        for name in ("_self_e", "_h_before", "_h", "_c", "_base_log"):
+            old = getattr(self, name)
+            setattr(self, name, torch.cat([old, old.new_zeros(rows, *old.shape[1:])]))
 
     def _raw_log(self, idx: Tensor) -> Tensor:
         return self.net.head_log(self._self_e[idx], self._h_before[idx], self._h[idx], self._base_log[idx])  # (K,)
 
-    def _guarded(self, slots: list[int], raw_log: Tensor, elapsed_s: Sequence[float] | np.ndarray | None) -> np.ndarray:
-        raw_s = np.exp(raw_log.detach().cpu().double().numpy())
-        out = np.maximum(raw_s, self._guard_s[slots])
-        if elapsed_s is not None:
-            elapsed = np.asarray(elapsed_s, dtype=np.float64)
-            if elapsed.shape != out.shape:
-                raise ValueError(f"'elapsed_s' must have shape {out.shape}, got {elapsed.shape}.")
-            out = np.maximum(out, elapsed)
-        self._guard_s[slots] = out
-        return out
+    @staticmethod
+    def _seconds(raw_log: Tensor) -> np.ndarray:
+        return np.exp(raw_log.detach().cpu().double().numpy())
 
     @torch.no_grad()
     def add_query(self, key: Hashable, self_x: Tensor, before_x: Tensor, base_log: float) -> float:
@@ -398,7 +453,7 @@ class IncrementalIconq:
         idx, h, c = self._step(slots, pair_x)
         self._h[idx] = h
         self._c[idx] = c
-        return self._guarded(slots, self._raw_log(idx), None)
+        return self._guarded(slots, self._seconds(self._raw_log(idx)), None)
 
     @torch.no_grad()
     def step_neighbour(self, keys: Sequence[Hashable], pair_x: Tensor) -> NeighbourStep:
@@ -415,13 +470,6 @@ class IncrementalIconq:
         idx, h, c = self._step(slots, pair_x)
         raw_log = self.net.head_log(self._self_e[idx], self._h_before[idx], h, self._base_log[idx])
         return NeighbourStep(keys, slots, h, c, np.exp(raw_log.cpu().double().numpy()))
-
-    def guard_step(self, step: NeighbourStep, elapsed_s: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
-        """Guarded predictions of a step from :meth:`step_neighbour`, as :meth:`peek_neighbour` returns them."""
-        out = np.maximum(step.raw_s, self._guard_s[step.slots])
-        if elapsed_s is not None:
-            out = np.maximum(out, np.asarray(elapsed_s, dtype=np.float64))
-        return out
 
     @torch.no_grad()
     def peek_neighbour(self, keys: Sequence[Hashable], pair_x: Tensor,
@@ -443,8 +491,7 @@ class IncrementalIconq:
         """
         if not step.slots:
             return np.zeros(0)
-        if self._slots(step.keys) != step.slots:
-            raise ValueError("The step was computed for another set of running queries; compute it again.")
+        self._check_step(step)
         idx = torch.tensor(step.slots, device=self._h.device)
         self._h[idx] = step.h
         self._c[idx] = step.c
@@ -482,15 +529,12 @@ class IncrementalIconq:
     @torch.no_grad()
     def add_embedded(self, key: Hashable, embedding: QueryEmbedding, row: int) -> float:
         """Start tracking ``key`` from row ``row`` of :meth:`embed_queries`; as :meth:`add_query`."""
-        if key in self._slot:
-            raise ValueError(f"Query {key!r} is already running.")
-        slot = self._new_slot()
+        slot = self._claim(key)
         self._self_e[slot] = embedding.self_e[row]
         self._h_before[slot] = embedding.h_before[row]
         self._h[slot] = 0.0
         self._c[slot] = 0.0
         self._base_log[slot] = embedding.base_log[row]
-        self._slot[key] = slot
         raw_s = float(embedding.raw_s[row])
         self._guard_s[slot] = raw_s
         return raw_s
@@ -518,12 +562,5 @@ class IncrementalIconq:
         slots = self._slots(list(keys))
         if not slots:
             return np.zeros(0)
-        return self._guarded(slots, self._raw_log(torch.tensor(slots, device=self._h.device)), elapsed_s)
-
-    def remove(self, key: Hashable) -> None:
-        """Stop tracking ``key`` (finished or aborted); its slot is reused."""
-        try:
-            slot = self._slot.pop(key)
-        except KeyError:
-            raise KeyError(f"Query {key!r} is not running.") from None
-        self._free.append(slot)
+        return self._guarded(slots, self._seconds(self._raw_log(torch.tensor(slots, device=self._h.device))),
+                             elapsed_s)

@@ -22,7 +22,10 @@ from typing import Any
 import numpy as np
 from scipy.special import expit
 
-from sloctl.models.iconq import IconqNet, NeighbourStep, QueryEmbedding
+from sloctl.models.iconq import IconqNet, NeighbourStep, QueryEmbedding, RunningSlots
+
+# the per-slot state arrays (rows are slots), besides RunningSlots' guard
+_STATE = ("_self_e", "_h_before", "_h", "_c", "_base_log")
 
 __all__ = ["NumpyIncrementalIconq"]
 
@@ -62,7 +65,7 @@ def _cell(gates: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return o * np.tanh(c), c
 
 
-class NumpyIncrementalIconq:
+class NumpyIncrementalIconq(RunningSlots):
     """:class:`~sloctl.models.iconq.IncrementalIconq` in NumPy (same methods, same state, same guard).
 
     Inputs may be NumPy arrays or tensors; :class:`NeighbourStep` and
@@ -82,32 +85,23 @@ class NumpyIncrementalIconq:
         net.eval()
         self.w = _Weights(net)
         E, H = self.w.E, self.w.H
-        self._slot: dict[Hashable, int] = {}
-        self._free: list[int] = []
+        self._init_slots()
         self._self_e = np.zeros((0, E), np.float32)
         self._h_before = np.zeros((0, H), np.float32)
         self._h = np.zeros((0, H), np.float32)
         self._c = np.zeros((0, H), np.float32)
         self._base_log = np.zeros(0, np.float32)
-        self._guard_s = np.zeros(0)
 
     @property
     def net(self) -> IconqNet:
         return self.w.net
 
-    def __len__(self) -> int:
-        return len(self._slot)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._slot
-
     def fork(self) -> NumpyIncrementalIconq:
         """An independent copy of every running query's state, sharing the weights."""
         twin = NumpyIncrementalIconq.__new__(NumpyIncrementalIconq)
         twin.w = self.w
-        twin._slot = dict(self._slot)
-        twin._free = list(self._free)
-        for name in ("_self_e", "_h_before", "_h", "_c", "_base_log", "_guard_s"):
+        self._copy_slots(twin)
+        for name in _STATE:
             setattr(twin, name, getattr(self, name).copy())
         return twin
 
@@ -150,43 +144,15 @@ class NumpyIncrementalIconq:
                               torch.from_numpy(np.asarray(lengths, dtype=np.int64)))
         return h.numpy()
 
-    # -- slots and the guard -----------------------------------------------------------------------------------
-    def _slots(self, keys: Sequence[Hashable]) -> list[int]:
-        try:
-            slots = [self._slot[k] for k in keys]
-        except KeyError as exc:
-            raise KeyError(f"Query {exc.args[0]!r} is not running.") from None
-        if len(set(slots)) != len(slots):
-            raise ValueError(f"Keys must be distinct, got {list(keys)!r}.")
-        return slots
-
-    def _new_slot(self) -> int:
-        if self._free:
-            return self._free.pop()
-        n = self._h.shape[0]
-        grow = max(n, 16)
-        for name in ("_self_e", "_h_before", "_h", "_c"):
+    # -- slots and the guard (RunningSlots) -------------------------------------------------------------------
+    def _grow(self, rows: int) -> None:
+        for name in _STATE:
             old = getattr(self, name)
-            setattr(self, name, np.concatenate([old, np.zeros((grow, old.shape[1]), old.dtype)]))
-        self._base_log = np.concatenate([self._base_log, np.zeros(grow, np.float32)])
-        self._guard_s = np.concatenate([self._guard_s, np.zeros(grow)])
-        self._free.extend(range(n + grow - 1, n, -1))
-        return n
+            setattr(self, name, np.concatenate([old, np.zeros((rows, *old.shape[1:]), old.dtype)]))
 
     def _raw_s(self, slots: list[int]) -> np.ndarray:
         raw_log = self._head_log(self._self_e[slots], self._h_before[slots], self._h[slots], self._base_log[slots])
         return np.exp(raw_log.astype(np.float64))
-
-    def _guarded(self, slots: list[int], raw_s: np.ndarray, elapsed_s: Sequence[float] | np.ndarray | None
-                 ) -> np.ndarray:
-        out = np.maximum(raw_s, self._guard_s[slots])
-        if elapsed_s is not None:
-            elapsed = np.asarray(elapsed_s, dtype=np.float64)
-            if elapsed.shape != out.shape:
-                raise ValueError(f"'elapsed_s' must have shape {out.shape}, got {elapsed.shape}.")
-            out = np.maximum(out, elapsed)
-        self._guard_s[slots] = out
-        return out
 
     # -- IncrementalIconq's methods ----------------------------------------------------------------------------
     def add_query(self, key: Hashable, self_x: Any, before_x: Any, base_log: float) -> float:
@@ -228,13 +194,6 @@ class NumpyIncrementalIconq:
         raw_log = self._head_log(self._self_e[slots], self._h_before[slots], h, self._base_log[slots])
         return NeighbourStep(keys, slots, h, c, np.exp(raw_log.astype(np.float64)))
 
-    def guard_step(self, step: NeighbourStep, elapsed_s: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
-        """Guarded predictions of a step from :meth:`step_neighbour`."""
-        out = np.maximum(step.raw_s, self._guard_s[step.slots])
-        if elapsed_s is not None:
-            out = np.maximum(out, np.asarray(elapsed_s, dtype=np.float64))
-        return out
-
     def peek_neighbour(self, keys: Sequence[Hashable], pair_x: Any,
                        elapsed_s: Sequence[float] | np.ndarray | None = None) -> np.ndarray:
         """What :meth:`add_neighbour` would predict (guarded), without changing any state."""
@@ -245,8 +204,7 @@ class NumpyIncrementalIconq:
         """Store a step from :meth:`step_neighbour` (state unchanged since); returns the guarded predictions."""
         if not step.slots:
             return np.zeros(0)
-        if self._slots(step.keys) != step.slots:
-            raise ValueError("The step was computed for another set of running queries; compute it again.")
+        self._check_step(step)
         self._h[step.slots] = step.h
         self._c[step.slots] = step.c
         out = self.guard_step(step, elapsed_s)
@@ -272,15 +230,12 @@ class NumpyIncrementalIconq:
 
     def add_embedded(self, key: Hashable, embedding: QueryEmbedding, row: int) -> float:
         """Start tracking ``key`` from row ``row`` of :meth:`embed_queries`."""
-        if key in self._slot:
-            raise ValueError(f"Query {key!r} is already running.")
-        slot = self._new_slot()
+        slot = self._claim(key)
         self._self_e[slot] = _array(embedding.self_e[row])
         self._h_before[slot] = _array(embedding.h_before[row])
         self._h[slot] = 0.0
         self._c[slot] = 0.0
         self._base_log[slot] = float(embedding.base_log[row])
-        self._slot[key] = slot
         raw_s = float(embedding.raw_s[row])
         self._guard_s[slot] = raw_s
         return raw_s
@@ -296,14 +251,6 @@ class NumpyIncrementalIconq:
         if not slots:
             return np.zeros(0)
         return self._guarded(slots, self._raw_s(slots), elapsed_s)
-
-    def remove(self, key: Hashable) -> None:
-        """Stop tracking ``key`` (finished or aborted); its slot is reused."""
-        try:
-            slot = self._slot.pop(key)
-        except KeyError:
-            raise KeyError(f"Query {key!r} is not running.") from None
-        self._free.append(slot)
 
 
 def _array(x: Any, dtype: Any = np.float32) -> np.ndarray:

@@ -285,9 +285,9 @@ class WarehouseRunner:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(runner: Runner, workloads: Sequence[Sequence[Query]]) -> None:
+def _init_worker(runner: Runner) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core per simulation; torch reads this on import
-    _WORKER["runner"], _WORKER["workloads"] = runner, workloads
+    _WORKER["runner"] = runner
 
 
 def _pool_task(i: int, j: int, config: ExecutionConfig, seed: int, queries: Sequence[Query]
@@ -298,11 +298,12 @@ def _pool_task(i: int, j: int, config: ExecutionConfig, seed: int, queries: Sequ
 class SimulationPool:
     """SimulateBatch on a process pool kept across calls: the Policy Tuner's hundreds of batches, one start.
 
-    :func:`simulate_batch` starts a pool per call; the tuner calls it once per
-    search batch and per scheduler round, and each start (a spawned
-    interpreter importing PyTorch and loading the model) costs seconds. Here
-    the runner travels once per worker and each task carries its workload.
-    Results equal :func:`simulate_batch`'s for the same runner and seed.
+    :func:`simulate_batch` starts one of these per call; the tuner calls it once
+    per search batch and per scheduler round, and each start (a spawned
+    interpreter importing PyTorch and loading the model) costs seconds, so
+    the tuner keeps one. The runner travels once per worker and each task
+    carries its workload. Results equal :func:`simulate_batch`'s for the same
+    runner and seed.
 
     Use as a context manager (the pool is shut down on exit); ``workers=1``
     runs inline, with no processes.
@@ -347,7 +348,7 @@ class SimulationPool:
             from concurrent.futures import ProcessPoolExecutor
 
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker, initargs=(self.runner, []))
+                                             initializer=_init_worker, initargs=(self.runner,))
         from concurrent.futures import as_completed
 
         futures = [self._pool.submit(_pool_task, i, j, config, s, workloads[j]) for i, j, config, s in tasks]
@@ -360,10 +361,6 @@ class SimulationPool:
         return BatchResult(cells, time.perf_counter() - started, "process", self.workers)  # type: ignore[arg-type]
 
     __call__ = simulate
-
-
-def _pool_cell(i: int, j: int, config: ExecutionConfig, seed: int) -> tuple[int, int, CellResult]:
-    return i, j, _WORKER["runner"](config, _WORKER["workloads"][j], seed)
 
 
 def _ray_cell(runner: Runner, workloads: Sequence[Sequence[Query]], i: int, j: int, config: ExecutionConfig,
@@ -428,22 +425,10 @@ def simulate_batch(configs: Sequence[ExecutionConfig], workloads: Sequence[Seque
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             store(*ray.get(ready[0]))
-    else:
-        n_workers = min(workers or os.cpu_count() or 1, max(total, 1))
-        if n_workers <= 1:
-            backend = "inline"
-            for i, j, config, s in tasks:
-                store(i, j, runner(config, workloads[j], s))
-        else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
-
-            backend = "process"
-            with ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn"),
-                                     initializer=_init_worker, initargs=(runner, list(workloads))) as pool:
-                futures = [pool.submit(_pool_cell, *task) for task in tasks]
-                for future in as_completed(futures):
-                    store(*future.result())
+    else:  # a pool for this call only
+        with SimulationPool(runner, min(workers or os.cpu_count() or 1, max(total, 1))) as pool:
+            result = pool.simulate(configs, workloads, seed=seed, on_progress=on_progress)
+        return BatchResult(result.cells, time.perf_counter() - started, result.backend, result.workers)
     return BatchResult(cells, time.perf_counter() - started, backend, max(n_workers, 1))  # type: ignore[arg-type]
 
 

@@ -115,3 +115,14 @@ def test_a_plan_past_its_units_is_refused_when_read():
     doc["autoscaler"]["max_units"] = 0
     with pytest.raises(ValueError, match="max_units"):
         policy_from_doc(doc)
+
+
+def test_a_configuration_past_the_units_is_refused_naming_the_sizes():
+    from sloctl.core.errors import ConfigError
+
+    ExecutionConfig(start_sizes=(2, 2), spinups=(ScheduledSpinup(5.0, 4),)).check_fits(4)
+    ExecutionConfig(start_sizes=(8, 8)).check_fits(None)  # no limit
+    with pytest.raises(ConfigError, match=r"AutoSLO's plan starts clusters \[4, 4\]: 8 size units, more than the 4"):
+        ExecutionConfig(start_sizes=(4, 4)).check_fits(4, "AutoSLO's plan")
+    with pytest.raises(ConfigError, match=r"spin-ups of size \[8\]"):
+        ExecutionConfig(start_sizes=(1,), spinups=(ScheduledSpinup(5.0, 8),)).check_fits(4)

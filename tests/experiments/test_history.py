@@ -108,7 +108,7 @@ def test_a_runner_refuses_a_plan_past_the_units_instead_of_running_it(sim_log):
     runner = HistoryRunner(world, minimum_s=1.0, max_units=2)
     queries = [Query(0, sorted(world.templates())[0], 0.0, 10.0)]
     assert runner(ExecutionConfig(start_sizes=(1, 1)), queries, 0).n_queries == 1
-    with pytest.raises(ValueError, match=r"starting clusters \[2, 2\] hold 4 size units, more than the 2"):
+    with pytest.raises(ValueError, match=r"starts clusters \[2, 2\]: 4 size units, more than the 2"):
         runner(ExecutionConfig(start_sizes=(2, 2)), queries, 0)
     with pytest.raises(ValueError, match=r"spin-ups of size \[4\]"):
         runner(ExecutionConfig(start_sizes=(1,), spinups=(ScheduledSpinup(1.0, 4),)), queries, 0)

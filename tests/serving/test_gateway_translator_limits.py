@@ -47,7 +47,8 @@ def test_every_pattern_answers_hostile_text_in_linear_time(name, pattern):
                 start = time.perf_counter()
                 call(text)
                 slowest = max(slowest, time.perf_counter() - start)
-    assert slowest < 0.05, f"{name} took {slowest * 1000:.0f} ms on one 100 KB text"
+    # a backtracking pattern takes seconds to hours on 100 KB; a linear one a few ms, tens on a loaded machine
+    assert slowest < 0.5, f"{name} took {slowest * 1000:.0f} ms on one 100 KB text"
 
 
 def test_the_scanners_are_module_patterns():
