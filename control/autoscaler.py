@@ -97,10 +97,19 @@ class AutoscalerConfig:
     max_clusters: int = 4
     max_units: int | None = None
 
+    def limit_met(self, n_clusters: int, units: int, size: int) -> str | None:
+        """``"max_clusters"`` or ``"max_units"`` if one more cluster of ``size`` beside ``n_clusters`` holding
+        ``units`` size units would pass that limit; ``None`` if it fits."""
+        if n_clusters >= self.max_clusters:
+            return "max_clusters"
+        if self.max_units is not None and units + int(size) > self.max_units:
+            return "max_units"
+        return None
+
     def fits(self, clusters: Sequence[Any], size: int) -> bool:
         """Whether one more cluster of ``size`` fits beside ``clusters`` (views with a ``size``)."""
-        return len(clusters) < self.max_clusters and (
-            self.max_units is None or sum(int(c.size) for c in clusters) + int(size) <= self.max_units)
+        units = sum(int(c.size) for c in clusters) if self.max_units is not None else 0
+        return self.limit_met(len(clusters), units, size) is None
 
     def sizes_that_fit(self, clusters: Sequence[Any], sizes: Sequence[int] | None = None) -> tuple[int, ...]:
         """The sizes of ``sizes`` (default: the candidates) one more cluster beside ``clusters`` may have."""
@@ -725,8 +734,10 @@ class Autoscaler:
             return []
         outcome: SizingOutcome = result.value
         event["size"] = outcome.size
-        if outcome.size is not None and not self.config.fits(clusters, outcome.size):
-            event["skipped"] = "max_clusters" if len(clusters) >= self.config.max_clusters else "max_units"
+        units = sum(int(c.size) for c in clusters)
+        why = None if outcome.size is None else self.config.limit_met(len(clusters), units, outcome.size)
+        if why is not None:
+            event["skipped"] = why
             self.decisions.append((result.triggered_s, outcome, None))
             return []
         return self._act(now_s, result.triggered_s, outcome)

@@ -457,29 +457,24 @@ class ScheduledSpinups:
             ``spin_up`` per due spin-up (followed by ``retire_others`` for a
             vertical one); each is requested once.
         """
-        leaving = {a.cluster_id for a in pending if a.kind == "tear_down"}
-        # sizes count only against max_units; a bare stand-in for a cluster counts as one unit
-        held = [_Held(int(getattr(c, "size", 1))) for c in clusters if getattr(c, "cluster_id", None) not in leaving
-                or not leaving]
-        held += [_Held(int(a.size)) for a in pending if a.kind == "spin_up"]
+        n = len(clusters) + sum(a.kind == "spin_up" for a in pending) - sum(a.kind == "tear_down" for a in pending)
+        units = 0
+        if self.config.max_units is not None:  # sizes count only against max_units
+            leaving = {a.cluster_id for a in pending if a.kind == "tear_down"}
+            units = sum(int(c.size) for c in clusters if c.cluster_id not in leaving) \
+                + sum(int(a.size) for a in pending if a.kind == "spin_up")
         actions: list[ScalingAction] = []
         while self._next < len(self.spinups) and self.spinups[self._next].time_s <= now_s:
             spinup = self.spinups[self._next]
             self._next += 1
-            if not self.config.fits(held, spinup.size):
+            why = self.config.limit_met(n, units, spinup.size)
+            if why is not None:
                 self.skipped.append(spinup)
-                self.skipped_why.append("max_clusters" if len(held) >= self.config.max_clusters else "max_units")
+                self.skipped_why.append(why)
                 continue
             actions.append(ScalingAction("spin_up", size=spinup.size, reason="plan"))
             if spinup.mode == "vertical":
                 actions.append(ScalingAction("retire_others"))
             self.requested.append(spinup)
-            held.append(_Held(int(spinup.size)))
+            n, units = n + 1, units + int(spinup.size)
         return actions
-
-
-@dataclass(frozen=True)
-class _Held:
-    """A cluster counted against the pool's limits: only its size matters."""
-
-    size: int

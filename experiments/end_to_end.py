@@ -86,7 +86,6 @@ from sloctl.experiments.history import (
 from sloctl.experiments.warehouse import ScalingExperimentConfig, scaling_setup
 from sloctl.models.drift import DriftCalibration
 from sloctl.simulation.batch import SimulationPool, cell_seed, explain_of
-from sloctl.simulation.emulator import calibrate
 from sloctl.simulation.engine import WarehouseSimulator
 
 if TYPE_CHECKING:
@@ -817,11 +816,13 @@ def _prepare(hourly: str | Path | pd.DataFrame, train_log: pd.DataFrame, grade_l
     if tcfg.max_units is not None and tcfg.max_units < min(tcfg.sizes):
         raise ValueError(f"The 'max_units' setting must fit one cluster of the smallest size {min(tcfg.sizes)}, "
                          f"got {tcfg.max_units}.")
-    train_world, train_report, slo_ref, templates, mean_iso, _ = scaling_setup(
-        train_log, ScalingExperimentConfig(start_sizes=(1,), candidate_sizes=tuple(tcfg.sizes), seed=seed))
-    tuner_world = train_world  # where the Policy Tuner plans; the operator's baselines keep the median world
-    if cfg.tuner_demand == "empirical":
-        tuner_world = calibrate(train_log, seed=seed, demand="empirical")[0]
+    measured, train_report, slo_ref, templates, mean_iso, _ = scaling_setup(
+        train_log, ScalingExperimentConfig(start_sizes=(1,), candidate_sizes=tuple(tcfg.sizes), seed=seed),
+        demand="empirical")
+    # one calibration: the demand only decides how service times are drawn; the operator's baselines keep the
+    # median world, the Policy Tuner plans in cfg.tuner_demand's
+    train_world = dataclasses.replace(measured, samples_s=None)
+    tuner_world = measured if cfg.tuner_demand == "empirical" else train_world
     world, report, templates = grading_world(grade_log, templates, tcfg.sizes, seed=seed)
     if cfg.slowdown != 1.0:
         world = world.slowed(cfg.slowdown)

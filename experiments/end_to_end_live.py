@@ -49,7 +49,7 @@ from sloctl.control.autoscaler import AutoscalerConfig, RelativeAutoscalerSettin
 from sloctl.control.billing import BillingTimer
 from sloctl.control.router import Query, RoundRobinRouter
 from sloctl.control.scheduler import ExecutionConfig, ScheduledSpinup, ScheduledSpinups
-from sloctl.core.errors import ClusterPoolError, ConfigError
+from sloctl.core.errors import ClusterPoolError
 from sloctl.datasets.pool import QueryRequest
 from sloctl.serving.local import free_port, stop_process
 
@@ -725,10 +725,8 @@ def end_to_end_live(result: Any, db_path: str | Path, model_dir: str | Path, *, 
     if baseline.startswith("queue@"):
         detail["base"].check_fits(max_units, "Queue@N's starting pool")
     elif baseline.startswith("fixed-"):
-        pool_units = sum(int(c[1]) for c in detail["pools"][baseline])
-        if pool_units > max_units:
-            raise ConfigError(f"The {baseline} pool holds {pool_units} size units, more than the {max_units} the "
-                              f"cluster cores give; it is not run oversubscribed.")
+        ExecutionConfig(start_sizes=tuple(int(c[1]) for c in detail["pools"][baseline])).check_fits(
+            max_units, f"The {baseline} pool")
     cost_unit_s = hour_s * scale
 
     def progress(name: str) -> Callable[[int, int], None] | None:
