@@ -166,6 +166,10 @@ class EndToEndConfig:
         tune_autoscaler: with the ``iconq`` layer, the Configuration Tuner also searches
             the Autoscaler's ``τ_trigger``, ``θ``, ``μ`` and ``w`` (§7.5), besides the
             starting clusters and the teardown timers.
+        tune_sizes: with the ``iconq`` layer, the Configuration Tuner also searches the
+            sizes the Spinup Size Selector may add (``candidate_sizes``): the smallest
+            size alone, the two smallest, ... up to every size of ``tuner.sizes``
+            (before 2026-12-07, later: always every size).
         margin: the plan is the cheapest whose validation VR ≤ ``τ − margin``;
             ``"spread"``: the margin is the spread of the validated plans' VR over the
             forecast days (:func:`~sloctl.training.policy_tuner.spread_margin`).
@@ -194,6 +198,7 @@ class EndToEndConfig:
     queue_tune_days: int = 7
     tuner_layer: str = "iconq"
     tune_autoscaler: bool = True
+    tune_sizes: bool = True
     margin: float | str = "spread"
     oracle: bool = True
     workers: int | None = None
@@ -604,6 +609,10 @@ class _Planner:
             return None
         top = 5.0 * setup.autoscaler.t_min_lifetime_s
         knobs: dict[str, Any] = {"t_min_lifetime_s": (min(self.lifetime_floor_s, 0.5 * top), top, "log")}
+        sizes = sorted(self.tcfg.sizes)
+        if self.cfg.tune_sizes and len(sizes) > 1:
+            # the sizes the Spinup Size Selector may add: the smallest alone up to all of them
+            knobs["candidate_sizes"] = [tuple(sizes[:i]) for i in range(1, len(sizes) + 1)]
         if self.cfg.tune_autoscaler:
             knobs.update({"tau_trigger": (0.02, 0.3, "log"), "theta": (5, 30, "int"), "mu": (10, 40, "int"),
                           "window_s": (0.5 * self.window_s, 2.0 * self.window_s, "log")})
@@ -636,7 +645,7 @@ def _plan_doc(plan: ExecutionConfig, hour_s: float, mean_iso: float) -> dict[str
         a = plan.autoscaler
         doc.update({"t_idle_units": a.t_idle_s / mean_iso, "t_min_lifetime_units": a.t_min_lifetime_s / mean_iso,
                     "window_units": a.window_s / mean_iso, "theta": a.theta, "tau_trigger": a.tau_trigger,
-                    "mu": a.mu})
+                    "mu": a.mu, "candidate_sizes": list(a.candidate_sizes)})
     return doc
 
 
@@ -1018,6 +1027,7 @@ def end_to_end_experiment(hourly: str | Path | pd.DataFrame, train_log: pd.DataF
                                 + (", adding the sizes the plan was tuned with" if cfg.plan_sizes else ""),
                      "tuner": ("the same Iconq+ layer, in the training log's world, over the starting clusters, "
                                "the teardown timers" + (", τ_trigger, θ, μ and w" if cfg.tune_autoscaler else "")
+                               + (", the sizes the Spinup Size Selector may add" if cfg.tune_sizes else "")
                                + "; the plan is the cheapest whose validation VR ≤ τ − margin"
                                if cfg.tuner_layer == "iconq" else
                                "packing router + Queue@N + teardown (the layer before 2026-12-07)"),

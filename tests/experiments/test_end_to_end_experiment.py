@@ -193,10 +193,14 @@ def test_summary_says_how_far_below_the_next_best_the_work_bound_lies():
 
 
 def test_autoslo_adds_the_sizes_its_plan_was_tuned_with(tiny_run):
-    """The tuner plans with the Iconq+ layer over every measured size; the plan enacts those sizes."""
+    """The tuner searches which measured sizes the selector may add (smallest first); the plan enacts its choice."""
     assert tiny_run.world["autoslo_sizes_from_plan"] is True and tiny_run.world["tuner_layer"] == "iconq"
-    for d in tiny_run.details:
-        assert d["plan"].autoscaler.candidate_sizes == tuple(tiny_run.tuner.sizes)
+    sizes = sorted(tiny_run.tuner.sizes)
+    searched = [tuple(sizes[:i]) for i in range(1, len(sizes) + 1)]
+    for d, scenario in zip(tiny_run.details, tiny_run.scenarios, strict=True):
+        chosen = d["plan"].autoscaler.candidate_sizes
+        assert chosen in searched and tuple(d["knobs"]["candidate_sizes"]) == chosen
+        assert scenario["results"]["autoslo"]["planned"]["plan"]["candidate_sizes"] == list(chosen)
 
 
 def test_the_policy_tuner_simulates_with_the_layer_that_enacts_the_plan(sim_log, model_dir):
@@ -227,7 +231,7 @@ def test_the_tuner_searches_section_7_5s_knobs_and_never_a_lifetime_below_delay_
     for d in tiny_run.details:
         knobs = d["knobs"]
         assert set(knobs) >= {"start_sizes", "t_idle_units", "t_min_lifetime_units", "tau_trigger", "theta", "mu",
-                              "window_units"}
+                              "window_units", "candidate_sizes"}
         assert knobs["t_min_lifetime_units"] >= tcfg.spinup_delay_units + tcfg.minimum_units - 1e-9
         assert 0.02 <= knobs["tau_trigger"] <= 0.3 and 5 <= knobs["theta"] <= 30 and 10 <= knobs["mu"] <= 40
         plan = d["plan"].autoscaler  # the plan carries what was searched, and it is what AutoSLO enacted
