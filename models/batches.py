@@ -1,16 +1,29 @@
-"""Datasets and padding for Iconq+ training and batched inference."""
+"""Batches for Iconq+ training and batched inference, built from arrays.
+
+A log's per-row arrays (plan features, Stage estimates, arrivals, sizes) and
+its :class:`~sloctl.datasets.interactions.NeighbourIndex` are kept once
+(:class:`IconqInputs`); a batch gathers its queries' neighbour ranges and
+computes every interaction vector of the batch in one vectorised call, then
+scatters them into the padded ``(B, T, D)`` tensors :class:`IconqNet` reads.
+Nothing is kept per sample besides five numbers (the
+:class:`~sloctl.datasets.interactions.SampleTable`), so a log of millions of
+rows fits in memory, and :class:`BucketBatchSampler` groups samples of
+similar neighbour counts so that little of a batch is padding.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Sampler
 
-from sloctl.datasets.interactions import QuerySample, pair_vectors
+from sloctl.datasets.interactions import NeighbourIndex, SampleTable, pair_dim, pair_vectors
 
-__all__ = ["IconqDataset", "collate_rows"]
+__all__ = ["BucketBatchSampler", "IconqInputs", "IconqSamples", "collate_rows", "identity", "predict_samples"]
 
 
 def _pad(seqs: list[np.ndarray], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -23,49 +36,196 @@ def _pad(seqs: list[np.ndarray], width: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def collate_rows(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-    """Pad per-query items into a batch for :class:`~sloctl.models.iconq.IconqNet`."""
+    """Pad per-query items (``self_x``, ``before``, ``after``, ``base_log``) into a batch (small ad-hoc batches)."""
     width = items[0]["before"].shape[1]
     before_x, before_len = _pad([it["before"] for it in items], width)
     after_x, after_len = _pad([it["after"] for it in items], width)
-    batch = {
+    return {
         "self_x": torch.from_numpy(np.stack([it["self_x"] for it in items]).astype(np.float32)),
         "before_x": before_x, "before_len": before_len,
         "after_x": after_x, "after_len": after_len,
         "base_log": torch.tensor([float(it["base_log"]) for it in items], dtype=torch.float32),
     }
-    if "label_log" in items[0]:
-        batch["label_log"] = torch.tensor([it["label_log"] for it in items], dtype=torch.float32)
-        batch["censored"] = torch.tensor([it["censored"] for it in items], dtype=torch.bool)
-        batch["full"] = torch.tensor([it["full"] for it in items], dtype=torch.bool)
+
+
+@dataclass
+class IconqInputs:
+    """What Iconq+ reads of a log, as arrays, and the batches built from them.
+
+    Attributes:
+        own: per-row self vectors (N, S), float32.
+        plan: standardised plan features (N, P).
+        stage_s: Stage (isolated) estimates in seconds (N,).
+        arrival_s, size: per-row arrivals and cluster sizes (N,).
+        size_features: interaction vectors carry the size features.
+        index: the log's neighbours.
+    """
+
+    own: np.ndarray
+    plan: np.ndarray
+    stage_s: np.ndarray
+    arrival_s: np.ndarray
+    size: np.ndarray
+    size_features: bool
+    index: NeighbourIndex
+
+    @property
+    def pair_dim(self) -> int:
+        return pair_dim(self.size_features)
+
+    def _sequences(self, rows: np.ndarray, ptr: np.ndarray, flat: np.ndarray, lengths: np.ndarray
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded interaction vectors of ``rows`` with the first ``lengths`` neighbours of ``flat[ptr[r]:]``."""
+        B = len(rows)
+        total = int(lengths.sum())
+        if total == 0:
+            return torch.zeros(B, 0, self.pair_dim), torch.from_numpy(lengths.astype(np.int64))
+        owner = np.repeat(np.arange(B), lengths)
+        pos = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        neighbours = flat[np.repeat(ptr[rows], lengths) + pos]
+        vectors = pair_vectors(self.plan, self.stage_s, self.arrival_s, self.size, rows[owner], neighbours,
+                               self.size_features)
+        out = torch.zeros(B, int(lengths.max()), vectors.shape[1])
+        out[torch.from_numpy(owner), torch.from_numpy(pos)] = torch.from_numpy(vectors)
+        return out, torch.from_numpy(lengths.astype(np.int64))
+
+    def batch(self, rows: np.ndarray, after_len: np.ndarray | None = None,
+              before_len: np.ndarray | None = None) -> dict[str, torch.Tensor]:
+        """The network's inputs for ``rows``: every before-neighbour, and the first ``after_len`` after-ones.
+
+        ``after_len`` / ``before_len`` default to every neighbour; pass zeros
+        to leave a side out (e.g. neighbours known at arrival only).
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        index = self.index
+        b_len = index.before_len()[rows] if before_len is None else np.asarray(before_len, np.int64)
+        a_len = index.after_len()[rows] if after_len is None else np.asarray(after_len, np.int64)
+        before_x, before_n = self._sequences(rows, index.before_ptr, index.before, b_len)
+        after_x, after_n = self._sequences(rows, index.after_ptr, index.after, a_len)
+        return {"self_x": torch.from_numpy(np.ascontiguousarray(self.own[rows], dtype=np.float32)),
+                "before_x": before_x, "before_len": before_n, "after_x": after_x, "after_len": after_n,
+                "base_log": torch.from_numpy(np.log(self.stage_s[rows]).astype(np.float32))}
+
+
+class IconqSamples(Dataset):
+    """A split's samples over :class:`IconqInputs`: ``dataset[i]`` is ``i``, a list of indices is a batch.
+
+    PyTorch's ``DataLoader`` fetches a batch sampler's indices at once through
+    ``__getitems__``, so building a batch is a handful of array operations
+    (in loader workers when there are some), never a Python step per sample.
+    """
+
+    def __init__(self, inputs: IconqInputs, table: SampleTable) -> None:
+        self.inputs = inputs
+        self.table = table
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    def __getitem__(self, index: int) -> int:
+        return int(index)
+
+    def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        idx = np.asarray(indices, dtype=np.int64)
+        t = self.table
+        batch = self.inputs.batch(t.row[idx], after_len=t.after_len[idx])
+        batch["label_log"] = torch.from_numpy(t.label_log[idx].astype(np.float32))
+        batch["censored"] = torch.from_numpy(t.censored[idx])
+        batch["full"] = torch.from_numpy(t.full[idx])
+        return batch
+
+    def lengths(self) -> np.ndarray:
+        """Each sample's steps: before-neighbours plus the after-neighbours it keeps."""
+        return self.inputs.index.before_len()[self.table.row] + self.table.after_len
+
+
+def identity(batch: Any) -> Any:
+    """The collate function of a loader whose dataset builds whole batches."""
     return batch
 
 
-class IconqDataset(Dataset):
-    """Samples of one split, with interaction vectors built once.
+class _Epoch:
+    """Holds the epoch a :class:`BucketBatchSampler` shuffles for (Lightning calls ``set_epoch`` here)."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = int(epoch)
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of samples with similar neighbour counts, seeded and reshuffled per epoch.
+
+    With ``shuffle``, each epoch permutes the samples, cuts them into pools of
+    ``pool_batches`` batches, sorts each pool by length, cuts it into batches
+    and shuffles the batches; without, batches follow the length order (for
+    evaluation). ``num_replicas``/``rank`` give each data-parallel process
+    every ``num_replicas``-th batch (all processes see the same number).
 
     Args:
-        samples: from :func:`~sloctl.datasets.interactions.build_samples`.
-        own: per-row self vectors of the whole log (N, S).
-        plan, stage_s, arrival_s, size: per-row arrays of the whole log.
-        size_features: include the cluster-size features.
+        lengths: steps per sample (:meth:`IconqSamples.lengths`).
+        batch_size: samples per batch.
+        shuffle: random pools (training) or the length order (evaluation).
+        seed: the permutation's seed (epoch ``e`` uses ``seed + e``).
+        pool_batches: batches per sorted pool (larger: less padding, less randomness).
     """
 
-    def __init__(self, samples: list[QuerySample], own: np.ndarray, plan: np.ndarray, stage_s: np.ndarray,
-                 arrival_s: np.ndarray, size: np.ndarray, size_features: bool) -> None:
-        self.items = []
-        for s in samples:
-            q_b = np.full(len(s.before), s.row)
-            q_a = np.full(len(s.after), s.row)
-            self.items.append({
-                "self_x": own[s.row],
-                "before": pair_vectors(plan, stage_s, arrival_s, size, q_b, s.before, size_features),
-                "after": pair_vectors(plan, stage_s, arrival_s, size, q_a, s.after, size_features),
-                "base_log": float(np.log(stage_s[s.row])),
-                "label_log": s.label_log, "censored": s.censored, "full": s.full, "row": s.row,
-            })
+    def __init__(self, lengths: np.ndarray, batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                 pool_batches: int = 50, num_replicas: int = 1, rank: int = 0) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"The 'batch_size' parameter of BucketBatchSampler must be an int >= 1, "
+                             f"got {batch_size!r}.")
+        self.lengths = np.asarray(lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.pool_batches = pool_batches
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.sampler = _Epoch()  # Lightning sets the epoch on ``batch_sampler.sampler``
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def _batches(self) -> list[np.ndarray]:
+        n = len(self.lengths)
+        if not self.shuffle:
+            order = np.argsort(self.lengths, kind="stable")
+            return [order[i:i + self.batch_size] for i in range(0, n, self.batch_size)]
+        rng = np.random.default_rng(self.seed + self.sampler.epoch)
+        perm = rng.permutation(n)
+        pool = self.batch_size * self.pool_batches
+        batches = []
+        for i in range(0, n, pool):
+            chunk = perm[i:i + pool]
+            chunk = chunk[np.argsort(self.lengths[chunk], kind="stable")]
+            batches.extend(chunk[j:j + self.batch_size] for j in range(0, len(chunk), self.batch_size))
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._batches()
+        per_rank = len(batches) // self.num_replicas if self.num_replicas > 1 else len(batches)
+        for b in batches[self.rank::self.num_replicas][:per_rank]:
+            yield b.tolist()
 
     def __len__(self) -> int:
-        return len(self.items)
+        n_batches = -(-len(self.lengths) // self.batch_size) if not self.shuffle else sum(
+            -(-min(self.batch_size * self.pool_batches, len(self.lengths) - i) // self.batch_size)
+            for i in range(0, len(self.lengths), self.batch_size * self.pool_batches))
+        return n_batches // self.num_replicas if self.num_replicas > 1 else n_batches
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
-        return self.items[index]
+
+def predict_samples(net: Any, samples: IconqSamples, batch_size: int = 1024) -> np.ndarray:
+    """Log-latency predictions of an :class:`~sloctl.models.iconq.IconqNet` for every sample, in their order.
+
+    Batches follow the length order (little padding); no gradients.
+    """
+    net.eval()
+    out = np.empty(len(samples))
+    with torch.no_grad():
+        for idx in BucketBatchSampler(samples.lengths(), batch_size, shuffle=False):
+            batch = samples.inputs.batch(samples.table.row[idx], after_len=samples.table.after_len[idx])
+            out[idx] = net(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
+                           batch["after_len"], batch["base_log"]).double().numpy()
+    return out

@@ -21,7 +21,14 @@ import numpy as np
 
 from sloctl.core.errors import FeatureError
 from sloctl.core.kinds import ModelKind
-from sloctl.datasets.interactions import FeatureScaler, neighbour_lists, pair_vectors, self_vectors
+from sloctl.datasets.interactions import (
+    FeatureScaler,
+    NeighbourIndex,
+    chronological_rank,
+    full_samples,
+    neighbour_index,
+    self_vectors,
+)
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, PLAN_FEATURES
 from sloctl.models.stage import StageModel
 
@@ -190,50 +197,38 @@ class LatencyPredictor:
 
     def predict_log_with(self, frame: pd.DataFrame, stage_s: np.ndarray, *, neighbours: str = "auto") -> np.ndarray:
         """Iconq log-latency predictions given precomputed Stage predictions."""
-        import torch
-
-        from sloctl.models.batches import collate_rows
+        from sloctl.models.batches import IconqInputs, IconqSamples, predict_samples
 
         if neighbours == "auto":
             known = "end_s" in frame.columns and np.isfinite(frame["end_s"].to_numpy(dtype=float)).all()
             neighbours = "overlap" if known else "all"
-        before, after = self._neighbours(frame, neighbours)
-        plan = self.scaler.transform(self._masked(frame))
-        arrival = frame["arrival_s"].to_numpy(dtype=float)
+        index = self._neighbours(frame, neighbours)
+        plan = self.scaler.transform(self._masked(frame)).astype(np.float32)
         size = frame["cluster_size"].to_numpy(dtype=float)
         sf = self.variant.size_features
-        own = self_vectors(plan, stage_s, size, sf)
-        rows = np.arange(len(frame))
-        out = np.empty(len(frame))
-        self.net.eval()
-        with torch.no_grad():
-            for chunk in np.array_split(rows, max(1, len(rows) // 256)):
-                items = [{
-                    "self_x": own[r],
-                    "before": pair_vectors(plan, stage_s, arrival, size, np.full(len(before[r]), r), before[r], sf),
-                    "after": pair_vectors(plan, stage_s, arrival, size, np.full(len(after[r]), r), after[r], sf),
-                    "base_log": np.log(stage_s[r]),
-                } for r in chunk]
-                batch = collate_rows(items)
-                out[chunk] = self.net(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
-                                      batch["after_len"], batch["base_log"]).double().numpy()
-        return out
+        inputs = IconqInputs(self_vectors(plan, stage_s, size, sf), plan, np.asarray(stage_s, float),
+                             frame["arrival_s"].to_numpy(dtype=float), size, sf, index)
+        return predict_samples(self.net, IconqSamples(inputs, full_samples(index)))
 
     @staticmethod
-    def _neighbours(frame: pd.DataFrame, mode: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def _neighbours(frame: pd.DataFrame, mode: str) -> NeighbourIndex:
         if mode == "overlap":
-            return neighbour_lists(frame)
+            return neighbour_index(frame)
         if mode == "arrival":
-            before, _ = neighbour_lists(frame)
-            return before, [np.empty(0, dtype=np.int64)] * len(frame)
+            index = neighbour_index(frame)
+            return NeighbourIndex(index.before_ptr, index.before, np.zeros(len(frame) + 1, np.int64),
+                                  np.empty(0, np.int64))
         if mode != "all":
             raise ValueError(f"The 'neighbours' parameter must be 'overlap', 'arrival', 'all' or 'auto', got {mode!r}.")
-        n = len(frame)
-        before: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n
-        after: list[np.ndarray] = [np.empty(0, dtype=np.int64)] * n
-        arrival = frame["arrival_s"].to_numpy(dtype=float)
+        # every query of the cluster: those that arrived earlier before, the later ones after
+        rank = chronological_rank(frame)
+        owners, mates = [], []
         for _, index in frame.groupby("cluster_id", sort=False).indices.items():
-            order = index[np.argsort(arrival[index], kind="stable")]
-            for i, row in enumerate(order):
-                before[row], after[row] = order[:i], order[i + 1:]
-        return before, after
+            i, j = np.meshgrid(index, index, indexing="ij")
+            off = i != j
+            owners.append(i[off]), mates.append(j[off])
+        owner = np.concatenate(owners) if owners else np.empty(0, np.int64)
+        mate = np.concatenate(mates) if mates else np.empty(0, np.int64)
+        earlier = rank[mate] < rank[owner]
+        return NeighbourIndex.from_pairs(len(frame), owner[earlier], mate[earlier], owner[~earlier], mate[~earlier],
+                                         rank)

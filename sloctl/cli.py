@@ -39,6 +39,7 @@ from sloctl._cli_models import evaluate_app, predict_cmd, train_app, tune_app
 from sloctl._cli_policy import tune_policy_cmd
 from sloctl._cli_retry import retry_app
 from sloctl._cli_sidecar import sidecar_app
+from sloctl._cli_simulate import simulate_app
 from sloctl.core.errors import ConfigError, QueryLogError
 from sloctl.datasets.merge import DEFAULT_GAP_S
 
@@ -68,6 +69,7 @@ app.add_typer(retry_app, name="retry")
 app.add_typer(fit_app, name="fit")
 app.add_typer(sidecar_app, name="sidecar")
 app.add_typer(forecast_app, name="forecast")
+app.add_typer(simulate_app, name="simulate")
 app.command("predict")(predict_cmd)
 gateway_app = typer.Typer(help="The SLO gateway: serve (no command), or manage a running one.")
 gateway_app.callback(invoke_without_command=True)(gateway_cmd)

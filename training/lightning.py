@@ -14,11 +14,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from sloctl.models.batches import IconqDataset, collate_rows
+from sloctl.models.batches import BucketBatchSampler, IconqSamples, identity
 from sloctl.models.iconq import IconqConfig, IconqNet, qerror_loss
 from sloctl.models.metrics import q_error_summary
 
-__all__ = ["EpochReporter", "IconqDataModule", "IconqLightning", "OptunaPruning", "predict_dataset"]
+__all__ = ["EpochReporter", "IconqDataModule", "IconqLightning", "OptunaPruning"]
 
 
 class IconqLightning(L.LightningModule):
@@ -72,22 +72,40 @@ class IconqLightning(L.LightningModule):
 
 
 class IconqDataModule(L.LightningDataModule):
-    """Loaders over prepared train / validation datasets."""
+    """Loaders over prepared train / validation samples, in batches of similar neighbour counts.
 
-    def __init__(self, train: IconqDataset, val: IconqDataset, batch_size: int = 32, seed: int = 0) -> None:
+    Args:
+        train, val: the splits' samples.
+        batch_size: training samples per batch (validation batches hold 4x).
+        seed: the training batches' shuffle (epoch ``e`` uses ``seed + e``).
+        workers: loader worker processes building batches beside training (0: in the training process).
+        num_replicas, rank: data parallelism: each process trains on every ``num_replicas``-th batch.
+    """
+
+    def __init__(self, train: IconqSamples, val: IconqSamples, batch_size: int = 32, seed: int = 0,
+                 workers: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
         super().__init__()
         self.train = train
         self.val = val
         self.batch_size = batch_size
         self.seed = seed
+        self.workers = workers
+        self.num_replicas = num_replicas
+        self.rank = rank
+
+    def _loader(self, samples: IconqSamples, sampler: BucketBatchSampler) -> DataLoader:
+        return DataLoader(samples, batch_sampler=sampler, collate_fn=identity, num_workers=self.workers,
+                          persistent_workers=self.workers > 0)
 
     def train_dataloader(self) -> DataLoader:
-        generator = torch.Generator().manual_seed(self.seed)
-        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True, collate_fn=collate_rows,
-                          generator=generator)
+        sampler = BucketBatchSampler(self.train.lengths(), self.batch_size, shuffle=True, seed=self.seed,
+                                     num_replicas=self.num_replicas, rank=self.rank)
+        return self._loader(self.train, sampler)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val, batch_size=256, shuffle=False, collate_fn=collate_rows)
+        sampler = BucketBatchSampler(self.val.lengths(), max(4 * self.batch_size, 256), shuffle=False,
+                                     num_replicas=self.num_replicas, rank=self.rank)
+        return self._loader(self.val, sampler)
 
 
 class OptunaPruning(L.Callback):
@@ -124,14 +142,3 @@ class EpochReporter(L.Callback):
         value = trainer.callback_metrics.get("val_loss")
         if value is not None and not trainer.sanity_checking:
             self.fn(trainer.current_epoch, float(value))
-
-
-def predict_dataset(net: IconqNet, dataset: IconqDataset) -> np.ndarray:
-    """Log-latency predictions for every item of ``dataset``, in order."""
-    net.eval()
-    out = []
-    with torch.no_grad():
-        for batch in DataLoader(dataset, batch_size=256, shuffle=False, collate_fn=collate_rows):
-            out.append(net(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
-                           batch["after_len"], batch["base_log"]).double().numpy())
-    return np.concatenate(out) if out else np.empty(0)

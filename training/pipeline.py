@@ -23,7 +23,7 @@ import numpy as np
 from sloctl.core.errors import QueryLogError
 from sloctl.core.kinds import ModelKind
 from sloctl.datasets.analysis import overlap_counts
-from sloctl.datasets.interactions import FeatureScaler, build_samples, self_vectors
+from sloctl.datasets.interactions import FeatureScaler, neighbour_index, sample_table, self_vectors
 from sloctl.datasets.querylog import COLUMNS, template_table
 from sloctl.models.calibration import calibrate_slo_margin
 from sloctl.models.metrics import q_error_summary
@@ -253,9 +253,9 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     import torch
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-    from sloctl.models.batches import IconqDataset
+    from sloctl.models.batches import IconqInputs, IconqSamples, predict_samples
     from sloctl.models.iconq import IconqConfig
-    from sloctl.training.lightning import EpochReporter, IconqDataModule, IconqLightning, predict_dataset
+    from sloctl.training.lightning import EpochReporter, IconqDataModule, IconqLightning
 
     _check_log(log)
     _quiet_lightning()
@@ -265,21 +265,22 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     stage = fit_stage(log, splits["train"], stage_config, neighbours)
     stage_s = stage.predict(log)
     scaler = FeatureScaler.fit(log.iloc[splits["train"]])
-    plan = scaler.transform(log)
+    plan = scaler.transform(log).astype(np.float32)
     arrival = log["arrival_s"].to_numpy(dtype=float)
     size = log["cluster_size"].to_numpy(dtype=float)
-    own = self_vectors(plan, stage_s, size, variant.size_features)
+    inputs = IconqInputs(self_vectors(plan, stage_s, size, variant.size_features), plan, stage_s, arrival, size,
+                         variant.size_features, neighbour_index(log))
 
-    def dataset(rows: np.ndarray, censored: bool, seed: int) -> IconqDataset:
-        samples = build_samples(log, rows, censored=censored, partial_per_query=cfg.partial_per_query, seed=seed)
-        return IconqDataset(samples, own, plan, stage_s, arrival, size, variant.size_features)
+    def dataset(rows: np.ndarray, censored: bool, seed: int) -> IconqSamples:
+        return IconqSamples(inputs, sample_table(log, rows, censored=censored, partial_per_query=cfg.partial_per_query,
+                                                 seed=seed, index=inputs.index))
 
     train_ds = dataset(splits["train"], variant.censored, cfg.seed)
     val_ds = dataset(splits["val"], variant.censored, cfg.seed + 1)
     if len(train_ds) == 0 or len(val_ds) == 0:
         raise ValueError(f"Too few queries to train Iconq: {len(train_ds)} training and {len(val_ds)} validation "
                          "samples; collect a longer log.")
-    net_config = IconqConfig(pair_dim=train_ds[0]["before"].shape[1], self_dim=own.shape[1],
+    net_config = IconqConfig(pair_dim=inputs.pair_dim, self_dim=inputs.own.shape[1],
                              embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim, head_dim=cfg.head_dim,
                              dropout=cfg.dropout, after_order=variant.after_order)
     L.seed_everything(cfg.seed, verbose=False)
@@ -307,8 +308,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     for name in SPLITS:
         rows = splits[name][ok[splits[name]]]
         ds = dataset(rows, False, 0)
-        pred = np.exp(predict_dataset(net, ds))
-        eval_rows = np.array([item["row"] for item in ds.items], dtype=np.int64)
+        pred = np.exp(predict_samples(net, ds))
+        eval_rows = ds.table.row
         metrics.update(_summaries(name, pred, actual[eval_rows], neighbours[eval_rows]))
     params = {"model": "iconq", "variant": variant.name, **{f"iconq_{k}": v for k, v in asdict(cfg).items()},
               **{f"stage_{k}": v for k, v in asdict(stage_config).items()}}

@@ -105,8 +105,8 @@ def test_optuna_study_resumes_from_storage(sim_log, cfg, tmp_path):
 
 def test_arrival_neighbours_see_only_earlier_queries(trained, sim_log):
     predictor = trained["iconq"].predictor
-    before, after = predictor._neighbours(sim_log, "arrival")
-    overlap_before, _ = predictor._neighbours(sim_log, "overlap")
+    before, after = predictor._neighbours(sim_log, "arrival").lists()
+    overlap_before, _ = predictor._neighbours(sim_log, "overlap").lists()
     assert all(len(a) == 0 for a in after)
     assert all(np.array_equal(b, o) for b, o in zip(before, overlap_before, strict=True))
 
