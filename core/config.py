@@ -152,6 +152,16 @@ class IconqSection:
             samples) or ``iconq_plus`` (+chronological after-pass).
         partial_per_query: sampled partial neighbour sets per query (§4.3).
         val_fraction, test_fraction: split by query, seeded.
+        batch_size: the batch ``lr`` is set for, and the smallest used.
+        max_batch_size: batches grow with the data (at least 200 steps an
+            epoch) up to this many samples; batches of similar neighbour
+            counts keep the padding small.
+        lr_scaling: ``sqrt``: a batch ``k`` times ``batch_size`` trains at
+            ``lr * sqrt(k)``; ``none``: at ``lr``.
+        max_train_s: wall-clock budget of one training (seconds); when it is
+            spent, training ends with the best checkpoint so far. ``null``: none.
+        loader_workers: processes building batches beside training (0: in
+            the training process; on 2 cores, workers take a core from it).
     """
 
     variant: IconqVariant = "iconq_plus"
@@ -163,6 +173,10 @@ class IconqSection:
     weight_decay: float = 2e-5
     lr_gamma: float = 0.9
     batch_size: int = 32
+    max_batch_size: int = 256
+    lr_scaling: Literal["sqrt", "none"] = "sqrt"
+    max_train_s: float | None = None
+    loader_workers: int = 0
     max_epochs: int = 100
     patience: int = 5
     grad_clip: float = 2.0
@@ -170,6 +184,15 @@ class IconqSection:
     val_fraction: float = 0.15
     test_fraction: float = 0.15
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        _in_range(self, "iconq", batch_size=(1, 1 << 20), max_batch_size=(1, 1 << 20), loader_workers=(0, 64))
+        if self.max_batch_size < self.batch_size:
+            raise ConfigError(f"key 'iconq.max_batch_size' must be >= iconq.batch_size ({self.batch_size}), "
+                              f"got {self.max_batch_size!r}.")
+        if self.max_train_s is not None and not (0 < self.max_train_s <= 30 * 86_400):
+            raise ConfigError(f"key 'iconq.max_train_s' must be seconds in (0, 2592000] or null (no budget), "
+                              f"got {self.max_train_s!r}.")
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,13 @@ class Progress:
                 if self.clock() - self.last_line_ >= self.every_s:
                     self._line()
 
+    def restart(self, *, total: float | None = None, description: str | None = None) -> None:
+        """Begin a new round of the same job (an epoch): nothing done, elapsed time and ETA from now."""
+        self.start_ = self.clock()
+        if self.bar_ is not None:
+            self.bar_.reset(self.task_, total=total if total is not None else self.total)
+        self.update(0.0, total=total, description=description)
+
     def callback(self) -> Callable[[float, float], None]:
         """An ``on_progress(done, total)`` callback for library functions."""
         return lambda done, total: self.update(done, total=total)

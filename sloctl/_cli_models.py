@@ -139,7 +139,10 @@ def train_iconq_cmd(
     config: Path | None = ConfigOption,
     register: bool = typer.Option(True, help="Log the run and register the model in MLflow."),
     out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
-    progress: bool = typer.Option(False, help="Show Lightning's progress bar."),
+    progress: bool = typer.Option(True, help="Show each epoch's progress on stderr (samples/s, ETA): a bar on a "
+                                  "terminal, a line every 10 s otherwise (SLOCTL_PROGRESS=bar|lines|off)."),
+    max_train_s: float | None = typer.Option(None, "--max-train-s", help="Wall-clock budget in seconds: training "
+                                             "ends with the best checkpoint so far (config: iconq.max_train_s)."),
     name: str = typer.Option("iconq", help="Registered model name (e.g. iconq-sf1 for a model of another scale "
                              "factor than the 'iconq' champion's)."),
     force: bool = ForceOption,
@@ -149,25 +152,44 @@ def train_iconq_cmd(
     import dataclasses
 
     from sloctl._cli_common import check_out
-    from sloctl.training.pipeline import train_iconq
 
     if out is not None:
         check_out(out, "bundle", force)  # before the training: never over a file or folder of another kind
 
     _check_name(name)
     cfg = load_cli_config(config)
-    overrides = {k: v for k, v in {"variant": variant, "max_epochs": max_epochs, "seed": seed}.items()
-                 if v is not None}
+    if max_train_s is not None and not max_train_s > 0:
+        raise typer.BadParameter(f"must be > 0 seconds; got {max_train_s}", param_hint="--max-train-s")
+    overrides = {k: v for k, v in {"variant": variant, "max_epochs": max_epochs, "seed": seed,
+                                   "max_train_s": max_train_s}.items() if v is not None}
     if "variant" in overrides and overrides["variant"] not in ("iconq", "size", "censored", "iconq_plus"):
         raise typer.BadParameter(f"expected iconq, size, censored or iconq_plus; got {variant!r}",
                                  param_hint="--variant")
     iconq_cfg = dataclasses.replace(cfg.iconq, **overrides)
     frame, metadata = read_logs_with_metadata(log)
-    result = train_iconq(frame, cfg.stage, iconq_cfg, progress=progress,
-                         on_epoch=None if progress else lambda e, v: echo(f"epoch {e:3d}  val_loss {v:.4f}"),
-                         risk_quantile=cfg.router.risk_quantile)
+    result = _train_iconq_with_progress(frame, cfg, iconq_cfg, progress)
     _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {describe_logs(log)}", result.metrics, err=as_json)
     _finish_training(result, frame, name, describe_logs(log), cfg, register, out, metadata, as_json=as_json)
+
+
+def _train_iconq_with_progress(frame, cfg, iconq_cfg, progress: bool):
+    """``train_iconq`` with each epoch's progress on stderr (a bar or lines, samples/s and ETA) and its val_loss."""
+    from sloctl.core.progress import progress as open_progress
+    from sloctl.training.pipeline import train_iconq
+
+    mode = "off" if not progress else None
+    with open_progress("train iconq", total=None, mode=mode, heartbeat=False) as bar:
+        def on_batch(epoch: int, done: int, total: int, rate: float) -> None:
+            if done == 0:  # a new epoch: its own bar, elapsed time and ETA
+                bar.restart(total=total, description=f"train iconq: epoch {epoch + 1}/{iconq_cfg.max_epochs}")
+            else:
+                bar.update(done, note=f"{rate:,.0f} samples/s")
+
+        def on_epoch(epoch: int, val_loss: float) -> None:
+            bar.log(f"epoch {epoch:3d}  val_loss {val_loss:.4f}")
+
+        return train_iconq(frame, cfg.stage, iconq_cfg, on_epoch=on_epoch, on_batch=on_batch,
+                           risk_quantile=cfg.router.risk_quantile)
 
 
 @evaluate_app.command("predictor")

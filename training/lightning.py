@@ -7,6 +7,7 @@ and the data loaders built from a query log.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import lightning as L
@@ -18,7 +19,7 @@ from sloctl.models.batches import BucketBatchSampler, IconqSamples, identity
 from sloctl.models.iconq import IconqConfig, IconqNet, qerror_loss
 from sloctl.models.metrics import q_error_summary
 
-__all__ = ["EpochReporter", "IconqDataModule", "IconqLightning", "OptunaPruning"]
+__all__ = ["EpochReporter", "IconqDataModule", "IconqLightning", "OptunaPruning", "SampleRate", "TrainingProgress"]
 
 
 class IconqLightning(L.LightningModule):
@@ -142,3 +143,67 @@ class EpochReporter(L.Callback):
         value = trainer.callback_metrics.get("val_loss")
         if value is not None and not trainer.sanity_checking:
             self.fn(trainer.current_epoch, float(value))
+
+
+class SampleRate(L.Callback):
+    """Training samples per second over a fit (validation excluded), and the fit's wall time."""
+
+    def __init__(self) -> None:
+        self.samples = 0
+        self.train_s = 0.0
+        self.wall_s = 0.0
+        self._fit = 0.0
+        self._epoch: float | None = None
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fit = time.perf_counter()
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close()
+        self.wall_s = time.perf_counter() - self._fit
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._epoch = time.perf_counter()
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.samples += len(batch["label_log"])
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self._epoch is not None:
+            self.train_s += time.perf_counter() - self._epoch
+            self._epoch = None
+
+    def rate(self) -> float:
+        """Samples per second of training so far (NaN before any)."""
+        return self.samples / self.train_s if self.train_s > 0 else float("nan")
+
+
+class TrainingProgress(L.Callback):
+    """Reports each training batch as ``fn(epoch, samples done, samples this epoch, samples/s)``.
+
+    The rate is over the epoch so far; a caller shows it as a bar with an ETA
+    (:mod:`sloctl.core.progress`).
+    """
+
+    def __init__(self, fn: Any, samples_per_epoch: int) -> None:
+        self.fn = fn
+        self.total = int(samples_per_epoch)
+        self.done = 0
+        self._start = 0.0
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.done, self._start = 0, time.perf_counter()
+        self.fn(trainer.current_epoch, 0, self.total, float("nan"))
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.done += len(batch["label_log"])
+        elapsed = time.perf_counter() - self._start
+        self.fn(trainer.current_epoch, self.done, self.total, self.done / elapsed if elapsed > 0 else float("nan"))

@@ -13,6 +13,7 @@ router needs besides the model.
 from __future__ import annotations
 
 import hashlib
+import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -236,7 +237,8 @@ def train_stage(log: pd.DataFrame, config: StageConfig, *, val_fraction: float =
 def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection, *,
                 callbacks: list[Any] | None = None, progress: bool = False,
                 on_epoch: Callable[[int, float], None] | None = None,
-                risk_quantile: float | None = 0.75) -> TrainResult:
+                risk_quantile: float | None = 0.75,
+                on_batch: Callable[[int, int, int, float], None] | None = None) -> TrainResult:
     """Train an Iconq variant (with its own Stage) on the training split.
 
     Args:
@@ -246,6 +248,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         callbacks: extra Lightning callbacks (e.g. Optuna pruning).
         progress: show Lightning's progress bar.
         on_epoch: called with (epoch, val_loss) after each validation.
+        on_batch: called after each training batch with (epoch, samples done
+            this epoch, samples per epoch, samples per second this epoch).
         risk_quantile: ``router.risk_quantile``: the predictor carries the SLO
             margin calibrated on ``log`` at this quantile (``None``: no margin).
     """
@@ -255,7 +259,13 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
 
     from sloctl.models.batches import IconqInputs, IconqSamples, predict_samples
     from sloctl.models.iconq import IconqConfig
-    from sloctl.training.lightning import EpochReporter, IconqDataModule, IconqLightning
+    from sloctl.training.lightning import (
+        EpochReporter,
+        IconqDataModule,
+        IconqLightning,
+        SampleRate,
+        TrainingProgress,
+    )
 
     _check_log(log)
     _quiet_lightning()
@@ -283,26 +293,37 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     net_config = IconqConfig(pair_dim=inputs.pair_dim, self_dim=inputs.own.shape[1],
                              embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim, head_dim=cfg.head_dim,
                              dropout=cfg.dropout, after_order=variant.after_order)
+    batch_size, lr = batch_plan(cfg, len(train_ds))
     L.seed_everything(cfg.seed, verbose=False)
-    module = IconqLightning(asdict(net_config), lr=cfg.lr, weight_decay=cfg.weight_decay, lr_gamma=cfg.lr_gamma)
+    module = IconqLightning(asdict(net_config), lr=lr, weight_decay=cfg.weight_decay, lr_gamma=cfg.lr_gamma)
     epoch_hook = [EpochReporter(on_epoch)] if on_epoch else []
+    if on_batch is not None:
+        epoch_hook.append(TrainingProgress(on_batch, len(train_ds)))
+    speed = SampleRate()
     with tempfile.TemporaryDirectory(prefix="sloctl-iconq-") as ckpt_dir:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, monitor="val_loss", mode="min", save_top_k=1)
+        stopper = EarlyStopping("val_loss", patience=cfg.patience, mode="min")
         trainer = L.Trainer(
             max_epochs=cfg.max_epochs, accelerator="cpu", devices=1, logger=False, deterministic=True,
             gradient_clip_val=cfg.grad_clip, enable_progress_bar=progress, enable_model_summary=False,
             num_sanity_val_steps=0, default_root_dir=ckpt_dir,
-            callbacks=[EarlyStopping("val_loss", patience=cfg.patience, mode="min"), checkpoint,
-                       *epoch_hook, *(callbacks or [])])
-        trainer.fit(module, datamodule=IconqDataModule(train_ds, val_ds, cfg.batch_size, cfg.seed))
+            max_time=None if cfg.max_train_s is None else {"seconds": cfg.max_train_s},
+            callbacks=[stopper, checkpoint, speed, *epoch_hook, *(callbacks or [])])
+        trainer.fit(module, datamodule=IconqDataModule(train_ds, val_ds, batch_size, cfg.seed,
+                                                       workers=cfg.loader_workers))
         if checkpoint.best_model_path:
             state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
             module.load_state_dict(state)
         epochs = trainer.current_epoch
+        stopped_by = ("early_stopping" if stopper.stopped_epoch > 0 else
+                      "max_epochs" if epochs >= cfg.max_epochs else
+                      "max_train_s" if cfg.max_train_s is not None else "other")
     net = module.net.eval()
     predictor = LatencyPredictor(stage, scaler, net, variant,
                                  feature_columns=used_features(log.iloc[splits["train"]]))
-    metrics: dict[str, float] = {"epochs": float(epochs), "best_val_loss": float(checkpoint.best_model_score or np.nan)}
+    metrics: dict[str, float] = {"epochs": float(epochs), "best_val_loss": float(checkpoint.best_model_score or np.nan),
+                                 "train_samples": float(len(train_ds)), "train_samples_per_s": speed.rate(),
+                                 "train_wall_s": speed.wall_s}
     actual = log["latency_s"].to_numpy()
     ok = log["status"].to_numpy() == "ok"
     for name in SPLITS:
@@ -312,9 +333,24 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         eval_rows = ds.table.row
         metrics.update(_summaries(name, pred, actual[eval_rows], neighbours[eval_rows]))
     params = {"model": "iconq", "variant": variant.name, **{f"iconq_{k}": v for k, v in asdict(cfg).items()},
+              "iconq_batch_size_used": batch_size, "iconq_lr_used": lr, "iconq_stopped_by": stopped_by,
               **{f"stage_{k}": v for k, v in asdict(stage_config).items()}}
     predictor = _with_router_data(predictor, log, risk_quantile, metrics, params)
     return TrainResult(predictor=predictor, metrics=metrics, params=params, data_hash=data_hash(log), splits=splits)
+
+
+def batch_plan(cfg: IconqSection, n_samples: int) -> tuple[int, float]:
+    """The batch size and learning rate for ``n_samples`` training samples.
+
+    Batches grow with the data so that an epoch has at least 200 steps: the
+    power of two nearest ``n_samples / 200``, between ``iconq.batch_size`` and
+    ``iconq.max_batch_size``. With ``lr_scaling: sqrt`` the learning rate
+    grows with the square root of the batch's ratio to ``batch_size``.
+    """
+    wanted = 2 ** round(math.log2(max(n_samples / 200, 1.0)))
+    batch = int(min(max(wanted, cfg.batch_size), cfg.max_batch_size))
+    lr = cfg.lr * (math.sqrt(batch / cfg.batch_size) if cfg.lr_scaling == "sqrt" else 1.0)
+    return batch, float(lr)
 
 
 def _quiet_lightning() -> None:

@@ -61,3 +61,48 @@ def test_pair_vector_layout_and_size_features():
     np.testing.assert_allclose(tail[5:], np.log1p([4.0, 8.0, 0.75]), rtol=1e-6)
     assert pair_vectors(plan, stage, np.array([0.0, 3.0]), np.array([4, 4]), np.array([0]), np.array([1]),
                         False).shape == (1, pair_dim(False))
+
+
+def _brute_force_neighbours(log: pd.DataFrame) -> tuple[list[list[int]], list[list[int]]]:
+    """The definition, pair by pair: same cluster, overlapping [start, end), chronological by (arrival, query_id)."""
+    key = list(zip(log["arrival_s"], log["query_id"], strict=True))
+    before, after = [[] for _ in range(len(log))], [[] for _ in range(len(log))]
+    for i in range(len(log)):
+        for j in range(len(log)):
+            same = log["cluster_id"].iloc[i] == log["cluster_id"].iloc[j]
+            overlap = log["start_s"].iloc[i] < log["end_s"].iloc[j] and log["start_s"].iloc[j] < log["end_s"].iloc[i]
+            if i != j and same and overlap:
+                (before if key[j] < key[i] else after)[i].append(j)
+    order = lambda rows: sorted(rows, key=lambda r: key[r])  # noqa: E731
+    return [order(b) for b in before], [order(a) for a in after]
+
+
+def test_neighbour_index_matches_the_definition_with_ties_and_empty_executions():
+    from sloctl.datasets.interactions import neighbour_index
+
+    rng = np.random.default_rng(5)
+    n = 160
+    start = np.round(rng.uniform(0, 20, n), 1)  # rounded: many equal starts
+    end = start + np.where(rng.random(n) < 0.1, 0.0, np.round(rng.exponential(2.0, n), 1))  # some zero-length
+    log = pd.DataFrame({"query_id": rng.permutation(n), "cluster_id": rng.choice(["a", "b", "c"], n),
+                        "arrival_s": start - np.round(rng.uniform(0, 0.3, n), 1), "start_s": start, "end_s": end})
+    index = neighbour_index(log)
+    before, after = index.lists()
+    expected_before, expected_after = _brute_force_neighbours(log)
+    assert [b.tolist() for b in before] == expected_before
+    assert [a.tolist() for a in after] == expected_after
+    assert index.before_len().sum() == index.after_len().sum()  # each pair once on each side
+
+
+def test_sample_table_holds_what_build_samples_lists():
+    from sloctl.datasets.interactions import neighbour_index, sample_table
+
+    log = tiny_log()
+    table = sample_table(log, np.arange(len(log)), censored=True, partial_per_query=5, seed=0)
+    samples = build_samples(log, np.arange(len(log)), censored=True, partial_per_query=5, seed=0)
+    assert len(table) == len(samples)
+    assert table.row.tolist() == [s.row for s in samples]
+    assert table.after_len.tolist() == [len(s.after) for s in samples]
+    assert table.censored.tolist() == [s.censored for s in samples]
+    full = neighbour_index(log).after_len()
+    assert all(k == full[r] for r, k, f in zip(table.row, table.after_len, table.full, strict=True) if f)

@@ -122,3 +122,47 @@ def test_router_margin_is_calibrated_from_the_log_and_grows_with_risk(trained, s
     assert high.queries == int((sim_log["status"] == "ok").sum())
     with pytest.raises(ValueError, match="risk_quantile"):
         calibrate_slo_margin(predictor, sim_log, 1.5)
+
+
+def test_batches_grow_with_the_data_and_the_learning_rate_with_them():
+    from sloctl.core.config import IconqSection
+    from sloctl.training.pipeline import batch_plan
+
+    cfg = IconqSection()
+    assert batch_plan(cfg, 2_000) == (32, pytest.approx(cfg.lr))  # small logs train as before
+    batch, lr = batch_plan(cfg, 26_000)
+    assert batch == 128 and lr == pytest.approx(cfg.lr * 2.0)
+    assert batch_plan(cfg, 5_000_000)[0] == cfg.max_batch_size
+    assert batch_plan(dataclasses.replace(cfg, lr_scaling="none"), 26_000)[1] == pytest.approx(cfg.lr)
+
+
+def test_a_wall_clock_budget_ends_training_with_the_best_checkpoint_and_says_so(sim_log, cfg):
+    from sloctl.training.pipeline import train_iconq
+
+    budget = dataclasses.replace(cfg.iconq, max_epochs=1000, patience=1000, max_train_s=3.0)
+    result = train_iconq(sim_log, cfg.stage, budget, risk_quantile=None)
+    assert result.params["iconq_stopped_by"] == "max_train_s" and result.metrics["epochs"] < 1000
+    assert np.isfinite(result.metrics["val_q_error_p90"]) and result.metrics["train_wall_s"] < 60
+
+
+def test_each_epoch_reports_its_progress_and_the_rate_is_recorded(sim_log, cfg):
+    from sloctl.training.pipeline import train_iconq
+
+    seen: list[tuple[int, int, int]] = []
+    result = train_iconq(sim_log, cfg.stage, dataclasses.replace(cfg.iconq, max_epochs=2), risk_quantile=None,
+                         on_batch=lambda e, done, total, rate: seen.append((e, done, total)))
+    total = int(result.metrics["train_samples"])
+    assert result.params["iconq_stopped_by"] == "max_epochs" and result.metrics["train_samples_per_s"] > 0
+    for epoch in (0, 1):  # each epoch starts at 0 and ends having seen every training sample once
+        done = [d for e, d, t in seen if e == epoch and t == total]
+        assert done[0] == 0 and done[-1] == total and done == sorted(done)
+
+
+def test_config_refuses_a_batch_cap_below_the_batch_and_a_bad_budget():
+    from sloctl.core.config import IconqSection
+    from sloctl.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="iconq.max_batch_size"):
+        IconqSection(batch_size=64, max_batch_size=32)
+    with pytest.raises(ConfigError, match="iconq.max_train_s"):
+        IconqSection(max_train_s=0.0)
