@@ -162,6 +162,13 @@ class IconqSection:
             spent, training ends with the best checkpoint so far. ``null``: none.
         loader_workers: processes building batches beside training (0: in
             the training process; on 2 cores, workers take a core from it).
+        split: ``random`` (by query, seeded) or ``time`` (the latest rows
+            validate and test: a later time slice).
+        learn_rows: ``curve``: train on growing prefixes of the training rows
+            (10k, 30k, 100k, ... rows, then all) and stop adding data when
+            validation p90 improves by less than ``curve_tolerance``;
+            ``all``: every training row at once.
+        curve_tolerance: the relative improvement a larger prefix must bring.
     """
 
     variant: IconqVariant = "iconq_plus"
@@ -177,6 +184,9 @@ class IconqSection:
     lr_scaling: Literal["sqrt", "none"] = "sqrt"
     max_train_s: float | None = None
     loader_workers: int = 0
+    split: Literal["random", "time"] = "random"
+    learn_rows: Literal["curve", "all"] = "curve"
+    curve_tolerance: float = 0.02
     max_epochs: int = 100
     patience: int = 5
     grad_clip: float = 2.0
@@ -187,6 +197,7 @@ class IconqSection:
 
     def __post_init__(self) -> None:
         _in_range(self, "iconq", batch_size=(1, 1 << 20), max_batch_size=(1, 1 << 20), loader_workers=(0, 64))
+        _in_range(self, "iconq", curve_tolerance=(0.0, 1.0))
         if self.max_batch_size < self.batch_size:
             raise ConfigError(f"key 'iconq.max_batch_size' must be >= iconq.batch_size ({self.batch_size}), "
                               f"got {self.max_batch_size!r}.")

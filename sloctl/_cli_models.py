@@ -174,8 +174,9 @@ def train_iconq_cmd(
 
 def _train_iconq_with_progress(frame, cfg, iconq_cfg, progress: bool):
     """``train_iconq`` with each epoch's progress on stderr (a bar or lines, samples/s and ETA) and its val_loss."""
+    from sloctl.core.progress import format_duration
     from sloctl.core.progress import progress as open_progress
-    from sloctl.training.pipeline import train_iconq
+    from sloctl.training.pipeline import learn_iconq
 
     mode = "off" if not progress else None
     with open_progress("train iconq", total=None, mode=mode, heartbeat=False) as bar:
@@ -188,8 +189,15 @@ def _train_iconq_with_progress(frame, cfg, iconq_cfg, progress: bool):
         def on_epoch(epoch: int, val_loss: float) -> None:
             bar.log(f"epoch {epoch:3d}  val_loss {val_loss:.4f}")
 
-        return train_iconq(frame, cfg.stage, iconq_cfg, on_epoch=on_epoch, on_batch=on_batch,
-                           risk_quantile=cfg.router.risk_quantile)
+        def on_point(point) -> None:
+            bar.log(f"learning curve: {point.rows:,} rows -> validation p90 {point.val_q_error_p90:.3f} "
+                    f"({point.epochs} epochs, {format_duration(point.wall_s)}, stopped by {point.stopped_by})")
+
+        result = learn_iconq(frame, cfg.stage, iconq_cfg, on_epoch=on_epoch, on_batch=on_batch, on_point=on_point,
+                             risk_quantile=cfg.router.risk_quantile)
+    if "iconq_curve_stop" in result.params:
+        echo(f"learned from {result.params['iconq_learned_rows']:,} rows: {result.params['iconq_curve_stop']}")
+    return result
 
 
 @evaluate_app.command("predictor")

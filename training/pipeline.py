@@ -36,8 +36,9 @@ if TYPE_CHECKING:
 
     from sloctl.core.config import IconqSection
 
-__all__ = ["OBJECTIVES", "StageObjective", "TrainResult", "data_hash", "evaluate_predictor", "split_rows",
-           "train_iconq", "train_stage"]
+__all__ = ["CURVE_ROWS", "OBJECTIVES", "CurvePoint", "StageObjective", "TrainResult", "batch_plan", "curve_rows",
+           "data_hash", "evaluate_predictor", "iconq_splits", "learn_iconq", "split_rows", "train_iconq",
+           "train_iconq_curve", "train_stage"]
 
 SPLITS = ("train", "val", "test")
 #: What each model is selected on: the champion gate's metric and the Optuna studies' objective.
@@ -238,7 +239,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
                 callbacks: list[Any] | None = None, progress: bool = False,
                 on_epoch: Callable[[int, float], None] | None = None,
                 risk_quantile: float | None = 0.75,
-                on_batch: Callable[[int, int, int, float], None] | None = None) -> TrainResult:
+                on_batch: Callable[[int, int, int, float], None] | None = None,
+                train_rows: np.ndarray | None = None) -> TrainResult:
     """Train an Iconq variant (with its own Stage) on the training split.
 
     Args:
@@ -250,6 +252,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         on_epoch: called with (epoch, val_loss) after each validation.
         on_batch: called after each training batch with (epoch, samples done
             this epoch, samples per epoch, samples per second this epoch).
+        train_rows: learn from these rows of the training split only (the
+            learning curve's prefixes); default every training row.
         risk_quantile: ``router.risk_quantile``: the predictor carries the SLO
             margin calibrated on ``log`` at this quantile (``None``: no margin).
     """
@@ -270,7 +274,12 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     _check_log(log)
     _quiet_lightning()
     variant = VARIANTS[cfg.variant]
-    splits = split_rows(len(log), cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    splits = iconq_splits(log, cfg)
+    if train_rows is not None:
+        train_rows = np.sort(np.asarray(train_rows, dtype=np.int64))
+        if not np.isin(train_rows, splits["train"]).all():
+            raise ValueError("The 'train_rows' parameter of train_iconq must hold rows of the training split only.")
+        splits = {**splits, "train": train_rows}
     neighbours = overlap_counts(log).to_numpy()
     stage = fit_stage(log, splits["train"], stage_config, neighbours)
     stage_s = stage.predict(log)
@@ -337,6 +346,101 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
               **{f"stage_{k}": v for k, v in asdict(stage_config).items()}}
     predictor = _with_router_data(predictor, log, risk_quantile, metrics, params)
     return TrainResult(predictor=predictor, metrics=metrics, params=params, data_hash=data_hash(log), splits=splits)
+
+
+def iconq_splits(log: pd.DataFrame, cfg: IconqSection) -> dict[str, np.ndarray]:
+    """Iconq+'s train / val / test rows: by query at random (``iconq.split: random``, seeded), or by time
+    (``time``: the earliest rows train, the next ``val_fraction`` validate, the latest ``test_fraction`` test)."""
+    if cfg.split == "random":
+        return split_rows(len(log), cfg.val_fraction, cfg.test_fraction, cfg.seed)
+    order = np.lexsort((log["query_id"].to_numpy(), log["arrival_s"].to_numpy(dtype=float)))
+    n_val, n_test = int(round(len(log) * cfg.val_fraction)), int(round(len(log) * cfg.test_fraction))
+    n_train = len(log) - n_val - n_test
+    return {"train": np.sort(order[:n_train]), "val": np.sort(order[n_train:n_train + n_val]),
+            "test": np.sort(order[n_train + n_val:])}
+
+
+#: The learning curve's training sizes (rows), as far as the training split reaches; the last point is all of it.
+CURVE_ROWS = (10_000, 30_000, 100_000, 300_000, 1_000_000, 3_000_000, 10_000_000)
+
+
+@dataclass
+class CurvePoint:
+    """One point of a learning curve: how many training rows, and the model's validation Q-error."""
+
+    rows: int
+    val_q_error_p50: float
+    val_q_error_p90: float
+    epochs: int
+    wall_s: float
+    stopped_by: str
+
+
+def curve_rows(n_train: int, points: tuple[int, ...] = CURVE_ROWS) -> list[int]:
+    """The training sizes a learning curve tries for a training split of ``n_train`` rows."""
+    return [p for p in points if p < n_train] + [n_train]
+
+
+def train_iconq_curve(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection, *,
+                      points: tuple[int, ...] = CURVE_ROWS, full: bool = False,
+                      on_point: Callable[[CurvePoint], None] | None = None, **kwargs: Any) -> TrainResult:
+    """Iconq+ trained on as much of the log as helps (``iconq.learn_rows: curve``).
+
+    Trains on growing prefixes (in time) of the training split —
+    ``points`` rows, then all of it — and stops adding data once the
+    validation p90 Q-error improves by less than ``iconq.curve_tolerance``
+    (relative) on the best so far; the best model is returned. With
+    ``iconq.max_train_s`` the budget covers the whole curve: each training
+    gets what is left, and the curve ends when it is spent. The result's
+    ``params`` record the rows learned from, why the curve stopped and every
+    point (``iconq_curve``). ``full``: train every point (a learning curve to
+    plot), picking the same way.
+
+    ``kwargs`` go to :func:`train_iconq` (callbacks, progress hooks, ``risk_quantile``).
+    """
+    import dataclasses
+    import time
+
+    pool = iconq_splits(log, cfg)["train"]
+    pool = pool[np.lexsort((log["query_id"].to_numpy()[pool], log["arrival_s"].to_numpy(dtype=float)[pool]))]
+    sizes = curve_rows(len(pool), points)
+    started = time.monotonic()
+    best: TrainResult | None = None
+    curve: list[CurvePoint] = []
+    why = "all rows"
+    for i, n in enumerate(sizes):
+        left = None if cfg.max_train_s is None else cfg.max_train_s - (time.monotonic() - started)
+        if left is not None and left <= 0:
+            why = f"max_train_s spent before {n} rows"
+            break
+        t0 = time.monotonic()
+        result = train_iconq(log, stage_config, dataclasses.replace(cfg, max_train_s=left), train_rows=pool[:n],
+                             **kwargs)
+        point = CurvePoint(n, result.metrics["val_q_error_p50"], result.metrics["val_q_error_p90"],
+                           int(result.metrics["epochs"]), time.monotonic() - t0, result.params["iconq_stopped_by"])
+        curve.append(point)
+        if on_point is not None:
+            on_point(point)
+        gain = 1.0 if best is None else 1.0 - point.val_q_error_p90 / best.metrics["val_q_error_p90"]
+        if best is None or point.val_q_error_p90 < best.metrics["val_q_error_p90"]:
+            best = result
+        if i + 1 < len(sizes) and gain < cfg.curve_tolerance and not full:
+            why = (f"plateau: {n} rows improved validation p90 by {100 * gain:.1f}% "
+                   f"(< {100 * cfg.curve_tolerance:g}%)")
+            break
+    assert best is not None
+    best.params.update({"iconq_learned_rows": int(len(best.splits["train"])), "iconq_curve_stop": why,
+                        "iconq_curve": [dataclasses.asdict(p) for p in curve]})
+    best.metrics["learned_rows"] = float(len(best.splits["train"]))
+    return best
+
+
+def learn_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection, **kwargs: Any) -> TrainResult:
+    """Iconq+ as ``iconq.learn_rows`` says: every training row (``all``) or as many as help (``curve``)."""
+    if cfg.learn_rows == "curve" and len(curve_rows(len(iconq_splits(log, cfg)["train"]))) > 1:
+        return train_iconq_curve(log, stage_config, cfg, **kwargs)
+    kwargs.pop("on_point", None)
+    return train_iconq(log, stage_config, cfg, **kwargs)
 
 
 def batch_plan(cfg: IconqSection, n_samples: int) -> tuple[int, float]:

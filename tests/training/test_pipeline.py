@@ -166,3 +166,36 @@ def test_config_refuses_a_batch_cap_below_the_batch_and_a_bad_budget():
         IconqSection(batch_size=64, max_batch_size=32)
     with pytest.raises(ConfigError, match="iconq.max_train_s"):
         IconqSection(max_train_s=0.0)
+
+
+def test_the_learning_curve_adds_data_while_it_helps_and_keeps_the_best(sim_log, cfg):
+    from sloctl.training.pipeline import curve_rows, iconq_splits, learn_iconq, train_iconq_curve
+
+    assert curve_rows(250_000) == [10_000, 30_000, 100_000, 250_000] and curve_rows(5_000) == [5_000]
+    small = dataclasses.replace(cfg.iconq, max_epochs=4, split="time")
+    points = []
+    result = train_iconq_curve(sim_log, cfg.stage, small, points=(60, 150), full=True, risk_quantile=None,
+                               on_point=points.append)
+    pool = len(iconq_splits(sim_log, small)["train"])
+    assert [p.rows for p in points] == [60, 150, pool]
+    assert [p["rows"] for p in result.params["iconq_curve"]] == [60, 150, pool]
+    best = min(points, key=lambda p: p.val_q_error_p90)
+    assert result.params["iconq_learned_rows"] == best.rows == result.metrics["learned_rows"]
+    assert result.metrics["val_q_error_p90"] == pytest.approx(best.val_q_error_p90)
+    # a tolerance no larger prefix can meet stops after the second point, keeping the better of the two
+    strict = dataclasses.replace(small, curve_tolerance=0.99)
+    stopped = train_iconq_curve(sim_log, cfg.stage, strict, points=(60, 150), risk_quantile=None)
+    assert len(stopped.params["iconq_curve"]) == 2 and stopped.params["iconq_curve_stop"].startswith("plateau")
+    # a log smaller than the first point trains once, on every training row, as before
+    once = learn_iconq(sim_log, cfg.stage, small, risk_quantile=None)
+    assert "iconq_curve" not in once.params
+
+
+def test_a_time_split_validates_and_tests_on_the_latest_rows(sim_log, cfg):
+    from sloctl.training.pipeline import iconq_splits
+
+    splits = iconq_splits(sim_log, dataclasses.replace(cfg.iconq, split="time"))
+    arrival = sim_log["arrival_s"].to_numpy()
+    assert arrival[splits["train"]].max() <= arrival[splits["val"]].min()
+    assert arrival[splits["val"]].max() <= arrival[splits["test"]].min()
+    assert sorted(np.concatenate(list(splits.values()))) == list(range(len(sim_log)))
