@@ -169,6 +169,9 @@ class IconqSection:
             validation p90 improves by less than ``curve_tolerance``;
             ``all``: every training row at once.
         curve_tolerance: the relative improvement a larger prefix must bring.
+        check_every_samples: validate (and count early stopping's patience)
+            every this many training samples when an epoch holds more;
+            otherwise once an epoch.
     """
 
     variant: IconqVariant = "iconq_plus"
@@ -187,6 +190,7 @@ class IconqSection:
     split: Literal["random", "time"] = "random"
     learn_rows: Literal["curve", "all"] = "curve"
     curve_tolerance: float = 0.02
+    check_every_samples: int = 250_000
     max_epochs: int = 100
     patience: int = 5
     grad_clip: float = 2.0
@@ -197,7 +201,7 @@ class IconqSection:
 
     def __post_init__(self) -> None:
         _in_range(self, "iconq", batch_size=(1, 1 << 20), max_batch_size=(1, 1 << 20), loader_workers=(0, 64))
-        _in_range(self, "iconq", curve_tolerance=(0.0, 1.0))
+        _in_range(self, "iconq", curve_tolerance=(0.0, 1.0), check_every_samples=(1, 1 << 40))
         if self.max_batch_size < self.batch_size:
             raise ConfigError(f"key 'iconq.max_batch_size' must be >= iconq.batch_size ({self.batch_size}), "
                               f"got {self.max_batch_size!r}.")

@@ -317,6 +317,7 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
             gradient_clip_val=cfg.grad_clip, enable_progress_bar=progress, enable_model_summary=False,
             num_sanity_val_steps=0, default_root_dir=ckpt_dir,
             max_time=None if cfg.max_train_s is None else {"seconds": cfg.max_train_s},
+            val_check_interval=check_interval(cfg, len(train_ds), batch_size),
             callbacks=[stopper, checkpoint, speed, *epoch_hook, *(callbacks or [])])
         trainer.fit(module, datamodule=IconqDataModule(train_ds, val_ds, batch_size, cfg.seed,
                                                        workers=cfg.loader_workers))
@@ -441,6 +442,17 @@ def learn_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         return train_iconq_curve(log, stage_config, cfg, **kwargs)
     kwargs.pop("on_point", None)
     return train_iconq(log, stage_config, cfg, **kwargs)
+
+
+def check_interval(cfg: IconqSection, n_samples: int, batch_size: int) -> float | int:
+    """Lightning's ``val_check_interval``: once an epoch, or every ``iconq.check_every_samples`` on a large log.
+
+    Early stopping's patience counts validations, so on a log whose epoch is
+    millions of samples it waits a few hundred thousand samples, not epochs.
+    """
+    batches = -(-n_samples // batch_size)
+    every = -(-cfg.check_every_samples // batch_size)
+    return 1.0 if every >= batches else int(every)
 
 
 def batch_plan(cfg: IconqSection, n_samples: int) -> tuple[int, float]:

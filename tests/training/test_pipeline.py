@@ -199,3 +199,12 @@ def test_a_time_split_validates_and_tests_on_the_latest_rows(sim_log, cfg):
     assert arrival[splits["train"]].max() <= arrival[splits["val"]].min()
     assert arrival[splits["val"]].max() <= arrival[splits["test"]].min()
     assert sorted(np.concatenate(list(splits.values()))) == list(range(len(sim_log)))
+
+
+def test_large_logs_validate_every_check_every_samples_small_ones_once_an_epoch():
+    from sloctl.core.config import IconqSection
+    from sloctl.training.pipeline import check_interval
+
+    cfg = IconqSection()
+    assert check_interval(cfg, 50_000, 256) == 1.0
+    assert check_interval(cfg, 2_000_000, 256) == -(-250_000 // 256)
