@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
     from sloctl.models.calibration import MarginCalibration
 
-__all__ = ["FEATURE_GROUPS", "LatencyPredictor", "VARIANTS", "Variant", "feature_group", "used_features"]
+__all__ = ["FEATURE_GROUPS", "QUERY_COLUMNS", "LatencyPredictor", "VARIANTS", "Variant", "feature_group",
+           "queries_frame", "used_features"]
 
 #: What each group of feature columns needs to be built, for messages.
 FEATURE_GROUPS: dict[str, str] = {
@@ -232,3 +233,71 @@ class LatencyPredictor:
         earlier = rank[mate] < rank[owner]
         return NeighbourIndex.from_pairs(len(frame), owner[earlier], mate[earlier], owner[~earlier], mate[~earlier],
                                          rank)
+
+
+#: What a file of queries to predict must hold (``sloctl predict --input``).
+QUERY_COLUMNS = ("template", "cluster_size", "arrival_s")
+
+
+def queries_frame(queries: pd.DataFrame, templates: pd.DataFrame | None, source: str = "input") -> pd.DataFrame:
+    """A log-shaped frame a :class:`LatencyPredictor` reads, from a table of queries to predict.
+
+    ``queries`` needs :data:`QUERY_COLUMNS`; ``cluster_id`` groups the
+    queries that run together (default: each query alone), ``end_s`` (when
+    every row has one) makes overlapping executions the neighbours, else every
+    query of the cluster is one. Plan features missing from ``queries`` come
+    from ``templates`` (the model's template table), by template.
+
+    Raises:
+        ValueError: a missing column, a bad value or an unknown template, naming it.
+    """
+    import pandas as pd
+
+    from sloctl.datasets.plan_features import PLAN_FEATURES
+
+    missing = [c for c in QUERY_COLUMNS if c not in queries.columns]
+    if missing:
+        raise ValueError(f"{source}: missing column '{missing[0]}' (needed: {', '.join(QUERY_COLUMNS)}; optional: "
+                         "cluster_id, end_s, query_id, plan features f_*).")
+    out = pd.DataFrame(index=pd.RangeIndex(len(queries)))
+    out["query_id"] = (queries["query_id"].to_numpy() if "query_id" in queries.columns
+                       else np.arange(len(queries), dtype=np.int64))
+    out["template"] = queries["template"].astype(str).to_numpy()
+    size = pd.to_numeric(queries["cluster_size"], errors="coerce").to_numpy(dtype=float)
+    bad = ~(np.isfinite(size) & (size >= 1) & (size == np.round(size)))
+    if bad.any():
+        raise ValueError(f"{source}: column 'cluster_size' must be whole numbers >= 1; row {int(np.argmax(bad))} "
+                         f"has {queries['cluster_size'].iloc[int(np.argmax(bad))]!r}.")
+    out["cluster_size"] = size.astype(np.int64)
+    arrival = pd.to_numeric(queries["arrival_s"], errors="coerce").to_numpy(dtype=float)
+    if not np.isfinite(arrival).all():
+        row = int(np.argmax(~np.isfinite(arrival)))
+        raise ValueError(f"{source}: column 'arrival_s' must be seconds (numbers); row {row} has "
+                         f"{queries['arrival_s'].iloc[row]!r}.")
+    out["arrival_s"] = out["start_s"] = arrival
+    out["end_s"] = (pd.to_numeric(queries["end_s"], errors="coerce").to_numpy(dtype=float)
+                    if "end_s" in queries.columns else np.nan)
+    out["cluster_id"] = (queries["cluster_id"].astype(str).to_numpy() if "cluster_id" in queries.columns
+                         else [f"alone-{i}" for i in range(len(queries))])
+    out["status"], out["slo_s"], out["oversubscribed"] = "ok", np.nan, False
+    given = [c for c in PLAN_FEATURES if c in queries.columns]
+    if len(given) == len(PLAN_FEATURES):
+        for c in PLAN_FEATURES:
+            out[c] = pd.to_numeric(queries[c], errors="coerce").to_numpy(dtype=float)
+        out["sql_hash"] = queries["sql_hash"].astype(str).to_numpy() if "sql_hash" in queries.columns else ""
+        return out
+    if templates is None:
+        raise ValueError(f"{source}: has no plan features (f_* columns) and the model has no template table to "
+                         "take them from; add the features or use a model trained with sloctl >= 0.1.")
+    table = templates.drop_duplicates("template").set_index("template")
+    unknown = sorted(set(out["template"]) - set(table.index))
+    if unknown:
+        raise ValueError(f"{source}: template {unknown[0]!r} is not in the model's template table "
+                         f"({len(table)} templates, e.g. {', '.join(list(table.index[:3]))}); give its plan "
+                         "features (f_* columns) or train on a log that ran it.")
+    picked = table.loc[out["template"]]
+    for c in PLAN_FEATURES:
+        out[c] = picked[c].to_numpy(dtype=float) if c in picked.columns else np.nan
+    out["sql_hash"] = picked["sql_hash"].astype(str).to_numpy() if "sql_hash" in picked.columns else ""
+    return out
+

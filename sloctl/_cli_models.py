@@ -262,8 +262,14 @@ def _provenance_mismatch(model: str, cfg, *, sources, cluster_sizes) -> str | No
 
 
 def predict_cmd(
-    template: str = typer.Option(..., help="The query's template, e.g. tpch-q05."),
-    size: int = typer.Option(..., help="Cluster size it would run on."),
+    template: str | None = typer.Option(None, help="The query's template, e.g. tpch-q05 (or --input)."),
+    size: int | None = typer.Option(None, help="Cluster size it would run on (with --template)."),
+    input_file: Path | None = typer.Option(None, "--input", help="A CSV or Parquet file of queries to predict with "
+                                           "one model load: columns template, cluster_size, arrival_s; optional "
+                                           "cluster_id (queries sharing a cluster are neighbours), end_s, plan "
+                                           "features f_* (default: the model's own per template)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="With --input: write the queries with "
+                                    "predicted_latency_s and isolated_latency_s here (.csv or .parquet)."),
     neighbour: list[str] = typer.Option([], "--neighbour", "-n",
                                         help="TEMPLATE@OFFSET_S: a neighbour arriving OFFSET_S seconds after "
                                              "the query (negative: before, still running). Repeatable."),
@@ -277,7 +283,7 @@ def predict_cmd(
                                         "not what the model was trained on."),
     config: Path | None = ConfigOption,
 ) -> None:
-    """Predict one query's latency on a cluster size, given its neighbours."""
+    """Predict one query's latency on a cluster size, given its neighbours; or a whole file of queries (--input)."""
     import json
 
     from sloctl._cli_common import load_cli_model
@@ -285,6 +291,15 @@ def predict_cmd(
     from sloctl.registry.provenance import source_key
 
     cfg = load_cli_config(config)
+    if input_file is not None:
+        if template is not None or size is not None or neighbour:
+            raise typer.BadParameter("give --input or --template/--size/--neighbour, not both",
+                                     param_hint="--input")
+        _predict_file(input_file, out, model, cfg, as_json)
+        return
+    if template is None or size is None:
+        raise typer.BadParameter("name the query (--template and --size) or a file of queries (--input)",
+                                 param_hint="--template")
     offsets = []
     for item in neighbour:
         name, sep, offset = item.rpartition("@")
@@ -318,6 +333,59 @@ def predict_cmd(
     else:
         typer.echo(f"{template} on size {size} with {len(offsets)} neighbour(s): {seconds[0]:.4f} s "
                    f"(isolated estimate {isolated[0]:.4f} s)")
+
+
+def _predict_file(path: Path, out: Path | None, model: str, cfg, as_json: bool) -> None:
+    """``sloctl predict --input``: every query of a file, one model load, one batched prediction."""
+    import json
+    import time
+
+    import numpy as np
+    import pandas as pd
+
+    from sloctl._cli_common import load_cli_model
+    from sloctl.core.files import atomic_write
+    from sloctl.models.predictor import queries_frame
+
+    if out is None:
+        raise typer.BadParameter("name where the predictions go (--out FILE.csv or FILE.parquet)", param_hint="--out")
+    for option, p in (("--input", path), ("--out", out)):
+        if p.suffix.lower() not in (".csv", ".parquet"):
+            raise typer.BadParameter(f"must end in .csv or .parquet; got {p}", param_hint=option)
+    if not path.is_file():
+        raise typer.BadParameter(f"no such file: {path}", param_hint="--input")
+    if out.resolve() == path.resolve():
+        raise typer.BadParameter(f"is also the --input ({path}); refusing to overwrite it", param_hint="--out")
+    if out.exists() and out.is_dir():
+        raise typer.BadParameter(f"is a folder; name the file to write: {out}", param_hint="--out")
+    started = time.perf_counter()
+    try:
+        queries = pd.read_csv(path) if path.suffix.lower() == ".csv" else pd.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 — any reader failure is the user's file, named
+        raise typer.BadParameter(f"{path}: not a readable {path.suffix[1:]} file ({exc})", param_hint="--input") \
+            from None
+    predictor = load_cli_model(model, cfg)
+    try:
+        frame = queries_frame(queries, predictor.templates, source=f"--input {path}")
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc).removeprefix(f"--input {path}: "), param_hint=f"--input {path}") from None
+    predictor.check_features(frame, what=f"--input {path}")
+    stage_s = predictor.stage.predict(predictor._masked(frame))
+    seconds = stage_s if predictor.net is None else np.exp(predictor.predict_log_with(frame, stage_s))
+    result = queries.copy()
+    result["predicted_latency_s"] = seconds
+    result["isolated_latency_s"] = stage_s
+    with atomic_write(out, "wb") as fh:  # a reader never sees half a file
+        if out.suffix.lower() == ".csv":
+            fh.write(result.to_csv(index=False).encode())
+        else:
+            result.to_parquet(fh, index=False)
+    summary = {"input": str(path), "out": str(out), "queries": len(result), "model": model,
+               "wall_s": round(time.perf_counter() - started, 3)}
+    (echo if as_json else typer.echo)(f"Predicted {len(result):,} queries with {model} in {summary['wall_s']} s "
+                                      f"-> {out}")
+    if as_json:
+        typer.echo(json.dumps(summary))
 
 
 def _table_frame(table, arrivals: list[tuple[str, float]], size: int):

@@ -86,3 +86,47 @@ def test_predict_one_query_against_neighbours(workdir, tpch_db, run_sloctl):
     out = run_sloctl("predict", "--template", "tpch-q05", "--size", "1", "-n", "q01", "--model", str(bundle),
                  cwd=workdir)
     assert out.returncode == 2 and "TEMPLATE@OFFSET_S" in out.stderr
+
+
+def test_predict_a_file_of_queries_with_one_model_load(workdir, trained_models, sim_log, run_sloctl):
+    import pandas as pd
+
+    from sloctl.models.predictor import queries_frame
+
+    predictor = trained_models["iconq"].predictor
+    bundle = workdir / "iconq_bundle"
+    save_predictor(predictor, bundle)
+    rng = np.random.default_rng(3)
+    n = 300
+    queries = pd.DataFrame({"template": rng.choice(sorted(sim_log["template"].unique()), n),
+                            "cluster_size": rng.choice([1, 2], n), "arrival_s": np.sort(rng.uniform(0, 60, n)),
+                            "cluster_id": rng.choice(["a", "b", "c"], n)})
+    queries.to_csv(workdir / "queries.csv", index=False)
+    out = run_sloctl("predict", "--input", "queries.csv", "--out", "predicted.parquet", "--model", str(bundle),
+                     "--json", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.strip().splitlines()[-1])["queries"] == n
+    got = pd.read_parquet(workdir / "predicted.parquet")
+    assert list(got.columns[:4]) == list(queries.columns) and len(got) == n
+    # what the model predicts for the same queries in this process, each with its cluster's queries as neighbours
+    expected = predictor.predict(queries_frame(queries, predictor.templates))
+    np.testing.assert_allclose(got["predicted_latency_s"], expected, rtol=1e-4)
+    alone = predictor.predict(queries_frame(queries.drop(columns="cluster_id"), predictor.templates))
+    assert not np.allclose(alone, expected)  # neighbours count
+    assert (got["isolated_latency_s"] > 0).all()
+
+
+def test_predict_file_errors_name_the_column_or_template(workdir, trained_models, sim_log, run_sloctl):
+    import pandas as pd
+
+    bundle = workdir / "iconq_bundle_errors"
+    save_predictor(trained_models["iconq"].predictor, bundle)
+    pd.DataFrame({"template": ["x"], "cluster_size": [1]}).to_csv(workdir / "no_arrival.csv", index=False)
+    out = run_sloctl("predict", "--input", "no_arrival.csv", "--out", "o.csv", "--model", str(bundle), cwd=workdir)
+    assert out.returncode == 2 and "arrival_s" in out.stderr and not (workdir / "o.csv").exists()
+    pd.DataFrame({"template": ["nope"], "cluster_size": [1], "arrival_s": [0.0]}).to_csv(workdir / "unknown.csv",
+                                                                                         index=False)
+    out = run_sloctl("predict", "--input", "unknown.csv", "--out", "o.csv", "--model", str(bundle), cwd=workdir)
+    assert out.returncode == 2 and "'nope'" in out.stderr
+    out = run_sloctl("predict", "--input", "unknown.csv", "--model", str(bundle), cwd=workdir)
+    assert out.returncode == 2 and "--out" in out.stderr
