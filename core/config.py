@@ -172,6 +172,9 @@ class IconqSection:
         check_every_samples: validate (and count early stopping's patience)
             every this many training samples when an epoch holds more;
             otherwise once an epoch.
+        accelerator: Lightning's ``cpu``, ``gpu`` or ``auto``.
+        devices: data-parallel processes (Lightning DDP, spawned); each
+            trains on every ``devices``-th batch and validates on all.
     """
 
     variant: IconqVariant = "iconq_plus"
@@ -191,6 +194,8 @@ class IconqSection:
     learn_rows: Literal["curve", "all"] = "curve"
     curve_tolerance: float = 0.02
     check_every_samples: int = 250_000
+    accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
+    devices: int = 1
     max_epochs: int = 100
     patience: int = 5
     grad_clip: float = 2.0
@@ -201,7 +206,7 @@ class IconqSection:
 
     def __post_init__(self) -> None:
         _in_range(self, "iconq", batch_size=(1, 1 << 20), max_batch_size=(1, 1 << 20), loader_workers=(0, 64))
-        _in_range(self, "iconq", curve_tolerance=(0.0, 1.0), check_every_samples=(1, 1 << 40))
+        _in_range(self, "iconq", curve_tolerance=(0.0, 1.0), check_every_samples=(1, 1 << 40), devices=(1, 1024))
         if self.max_batch_size < self.batch_size:
             raise ConfigError(f"key 'iconq.max_batch_size' must be >= iconq.batch_size ({self.batch_size}), "
                               f"got {self.max_batch_size!r}.")

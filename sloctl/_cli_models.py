@@ -143,6 +143,10 @@ def train_iconq_cmd(
                                   "terminal, a line every 10 s otherwise (SLOCTL_PROGRESS=bar|lines|off)."),
     max_train_s: float | None = typer.Option(None, "--max-train-s", help="Wall-clock budget in seconds: training "
                                              "ends with the best checkpoint so far (config: iconq.max_train_s)."),
+    accelerator: str | None = typer.Option(None, "--accelerator", help="cpu, gpu or auto (Lightning; config: "
+                                           "iconq.accelerator)."),
+    devices: int | None = typer.Option(None, "--devices", help="Data-parallel training processes (Lightning DDP, "
+                                       "spawned; on CPUs each takes its share of the cores; config: iconq.devices)."),
     name: str = typer.Option("iconq", help="Registered model name (e.g. iconq-sf1 for a model of another scale "
                              "factor than the 'iconq' champion's)."),
     force: bool = ForceOption,
@@ -160,8 +164,13 @@ def train_iconq_cmd(
     cfg = load_cli_config(config)
     if max_train_s is not None and not max_train_s > 0:
         raise typer.BadParameter(f"must be > 0 seconds; got {max_train_s}", param_hint="--max-train-s")
+    if accelerator is not None and accelerator not in ("cpu", "gpu", "auto"):
+        raise typer.BadParameter(f"expected cpu, gpu or auto; got {accelerator!r}", param_hint="--accelerator")
+    if devices is not None and devices < 1:
+        raise typer.BadParameter(f"must be >= 1; got {devices}", param_hint="--devices")
     overrides = {k: v for k, v in {"variant": variant, "max_epochs": max_epochs, "seed": seed,
-                                   "max_train_s": max_train_s}.items() if v is not None}
+                                   "max_train_s": max_train_s, "accelerator": accelerator,
+                                   "devices": devices}.items() if v is not None}
     if "variant" in overrides and overrides["variant"] not in ("iconq", "size", "censored", "iconq_plus"):
         raise typer.BadParameter(f"expected iconq, size, censored or iconq_plus; got {variant!r}",
                                  param_hint="--variant")

@@ -7,19 +7,22 @@ and the data loaders built from a query log.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.accelerators import CPUAccelerator
 from torch.utils.data import DataLoader
 
 from sloctl.models.batches import BucketBatchSampler, IconqSamples, identity
 from sloctl.models.iconq import IconqConfig, IconqNet, qerror_loss
 from sloctl.models.metrics import q_error_summary
 
-__all__ = ["EpochReporter", "IconqDataModule", "IconqLightning", "OptunaPruning", "SampleRate", "TrainingProgress"]
+__all__ = ["EpochReporter", "IconqDataModule", "IconqLightning", "OptunaPruning", "SampleRate", "TrainingProgress",
+           "LineProgress"]
 
 
 class IconqLightning(L.LightningModule):
@@ -38,6 +41,12 @@ class IconqLightning(L.LightningModule):
         super().__init__()
         self.save_hyperparameters()
         self.net = IconqNet(IconqConfig(**config))
+
+    def setup(self, stage: str) -> None:
+        trainer = getattr(self, "_trainer", None)
+        if trainer is not None and trainer.world_size > 1 and isinstance(trainer.accelerator, CPUAccelerator):
+            # data-parallel processes on CPUs share the cores instead of each taking all of them
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // trainer.world_size))
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.net(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
@@ -98,14 +107,22 @@ class IconqDataModule(L.LightningDataModule):
         return DataLoader(samples, batch_sampler=sampler, collate_fn=identity, num_workers=self.workers,
                           persistent_workers=self.workers > 0)
 
+    def _replicas(self) -> tuple[int, int]:
+        """(processes, this one's rank): the trainer's under data parallelism, else the constructor's."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None and trainer.world_size > 1:
+            return trainer.world_size, trainer.global_rank
+        return self.num_replicas, self.rank
+
     def train_dataloader(self) -> DataLoader:
+        replicas, rank = self._replicas()
         sampler = BucketBatchSampler(self.train.lengths(), self.batch_size, shuffle=True, seed=self.seed,
-                                     num_replicas=self.num_replicas, rank=self.rank)
+                                     num_replicas=replicas, rank=rank)
         return self._loader(self.train, sampler)
 
     def val_dataloader(self) -> DataLoader:
-        sampler = BucketBatchSampler(self.val.lengths(), max(4 * self.batch_size, 256), shuffle=False,
-                                     num_replicas=self.num_replicas, rank=self.rank)
+        # every process validates on all of it: the metrics early stopping and checkpoints read agree everywhere
+        sampler = BucketBatchSampler(self.val.lengths(), max(4 * self.batch_size, 256), shuffle=False)
         return self._loader(self.val, sampler)
 
 
@@ -161,6 +178,14 @@ class SampleRate(L.Callback):
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._close()
         self.wall_s = time.perf_counter() - self._fit
+        # every data-parallel process trains as many samples; the spawning process gets these metrics back
+        self.samples *= trainer.world_size
+        from lightning.pytorch.callbacks import EarlyStopping
+
+        stopped = max([c.stopped_epoch for c in trainer.callbacks if isinstance(c, EarlyStopping)], default=0)
+        trainer.callback_metrics.update({name: torch.tensor(float(value)) for name, value in (
+            ("fit_samples", self.samples), ("fit_train_s", self.train_s), ("fit_wall_s", self.wall_s),
+            ("fit_epochs", trainer.current_epoch), ("fit_early_stopped", stopped > 0))})
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._epoch = time.perf_counter()
@@ -211,3 +236,44 @@ class TrainingProgress(L.Callback):
         self.done += len(batch["label_log"])
         elapsed = time.perf_counter() - self._start
         self.fn(trainer.current_epoch, self.done, self.total, self.done / elapsed if elapsed > 0 else float("nan"))
+
+
+class LineProgress(L.Callback):
+    """Progress lines on stderr from the first data-parallel process (picklable, so spawned processes take it).
+
+    Every ``every_s`` seconds and at each validation: the epoch, samples done
+    of the epoch's, samples per second over all processes and the epoch's ETA.
+    """
+
+    def __init__(self, samples_per_epoch: int, every_s: float = 10.0) -> None:
+        self.total = int(samples_per_epoch)
+        self.every_s = every_s
+        self.done = 0
+        self._start = self._last = 0.0
+
+    def _line(self, trainer: L.Trainer, text: str) -> None:
+        if trainer.global_rank == 0:
+            import sys
+
+            print(text, file=sys.stderr, flush=True)
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.done, self._start = 0, time.perf_counter()
+        self._last = self._start
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.done += len(batch["label_log"]) * trainer.world_size
+        now = time.perf_counter()
+        if now - self._last >= self.every_s:
+            self._last = now
+            rate = self.done / max(now - self._start, 1e-9)
+            eta = max(self.total - self.done, 0) / rate if rate > 0 else float("nan")
+            self._line(trainer, f"train iconq: epoch {trainer.current_epoch + 1}: {self.done}/{self.total} "
+                                f"({100 * self.done / max(self.total, 1):.0f}%), {rate:,.0f} samples/s, "
+                                f"ETA {eta:.0f} s ({trainer.world_size} processes)")
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        value = trainer.callback_metrics.get("val_loss")
+        if value is not None and not trainer.sanity_checking:
+            self._line(trainer, f"epoch {trainer.current_epoch:3d}  val_loss {float(value):.4f}")

@@ -267,6 +267,7 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         EpochReporter,
         IconqDataModule,
         IconqLightning,
+        LineProgress,
         SampleRate,
         TrainingProgress,
     )
@@ -305,15 +306,22 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     batch_size, lr = batch_plan(cfg, len(train_ds))
     L.seed_everything(cfg.seed, verbose=False)
     module = IconqLightning(asdict(net_config), lr=lr, weight_decay=cfg.weight_decay, lr_gamma=cfg.lr_gamma)
-    epoch_hook = [EpochReporter(on_epoch)] if on_epoch else []
-    if on_batch is not None:
-        epoch_hook.append(TrainingProgress(on_batch, len(train_ds)))
+    if cfg.devices > 1:  # spawned processes cannot call back into this one: they print their own progress
+        epoch_hook = [LineProgress(len(train_ds))] if on_epoch or on_batch else []
+    else:
+        epoch_hook = [EpochReporter(on_epoch)] if on_epoch else []
+        if on_batch is not None:
+            epoch_hook.append(TrainingProgress(on_batch, len(train_ds)))
     speed = SampleRate()
     with tempfile.TemporaryDirectory(prefix="sloctl-iconq-") as ckpt_dir:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, monitor="val_loss", mode="min", save_top_k=1)
         stopper = EarlyStopping("val_loss", patience=cfg.patience, mode="min")
         trainer = L.Trainer(
-            max_epochs=cfg.max_epochs, accelerator="cpu", devices=1, logger=False, deterministic=True,
+            max_epochs=cfg.max_epochs, accelerator=cfg.accelerator, devices=cfg.devices, logger=False,
+            deterministic=True,
+            # a batch whose queries all lack after-neighbours leaves the after-LSTM out of the graph
+            strategy="ddp_spawn_find_unused_parameters_true" if cfg.devices > 1 else "auto",
+            use_distributed_sampler=False,  # IconqDataModule shards its own batches
             gradient_clip_val=cfg.grad_clip, enable_progress_bar=progress, enable_model_summary=False,
             num_sanity_val_steps=0, default_root_dir=ckpt_dir,
             max_time=None if cfg.max_train_s is None else {"seconds": cfg.max_train_s},
@@ -324,16 +332,19 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         if checkpoint.best_model_path:
             state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
             module.load_state_dict(state)
-        epochs = trainer.current_epoch
-        stopped_by = ("early_stopping" if stopper.stopped_epoch > 0 else
+        fit = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("fit_")}  # also after DDP
+        epochs = int(fit.get("fit_epochs", trainer.current_epoch))
+        stopped_by = ("early_stopping" if fit.get("fit_early_stopped") or stopper.stopped_epoch > 0 else
                       "max_epochs" if epochs >= cfg.max_epochs else
                       "max_train_s" if cfg.max_train_s is not None else "other")
     net = module.net.eval()
     predictor = LatencyPredictor(stage, scaler, net, variant,
                                  feature_columns=used_features(log.iloc[splits["train"]]))
     metrics: dict[str, float] = {"epochs": float(epochs), "best_val_loss": float(checkpoint.best_model_score or np.nan),
-                                 "train_samples": float(len(train_ds)), "train_samples_per_s": speed.rate(),
-                                 "train_wall_s": speed.wall_s}
+                                 "train_samples": float(len(train_ds)),
+                                 "train_samples_per_s": (fit["fit_samples"] / fit["fit_train_s"]
+                                                         if fit.get("fit_train_s") else float("nan")),
+                                 "train_wall_s": fit.get("fit_wall_s", float("nan")), "devices": float(cfg.devices)}
     actual = log["latency_s"].to_numpy()
     ok = log["status"].to_numpy() == "ok"
     for name in SPLITS:

@@ -130,3 +130,20 @@ def test_predict_file_errors_name_the_column_or_template(workdir, trained_models
     assert out.returncode == 2 and "'nope'" in out.stderr
     out = run_sloctl("predict", "--input", "unknown.csv", "--model", str(bundle), cwd=workdir)
     assert out.returncode == 2 and "--out" in out.stderr
+
+
+def test_data_parallel_training_on_two_cpu_processes_registers_a_model(workdir, run_sloctl):
+    """Lightning DDP (spawned, gloo) on 2 CPU processes: each trains on every other batch, one model comes back."""
+    out = run_sloctl("train", "iconq", "--log", "log.parquet", "--config", "fast.yaml", "--devices", "2",
+                     "--max-epochs", "2", "--name", "iconq-ddp", "--json", cwd=workdir)
+    assert out.returncode == 0, out.stderr
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    assert summary["version"] == "1" and summary["model"] == "iconq-ddp"
+    assert 1.0 <= summary["test"]["p90"] < 10.0
+    import mlflow
+
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    run = client.get_run(client.get_model_version("iconq-ddp", "1").run_id)
+    assert run.data.params["iconq_devices"] == "2" and float(run.data.metrics["train_samples_per_s"]) > 0
+    bad = run_sloctl("train", "iconq", "--log", "log.parquet", "--devices", "0", "--no-register", cwd=workdir)
+    assert bad.returncode == 2 and "--devices" in bad.stderr
