@@ -10,11 +10,12 @@
    loss, optimiser and clipping. It trains for ``--before-s`` seconds (its
    samples are built as they are drawn, so its set-up time, which grows with
    the log, is not counted against it) and reports samples per second.
-3. **After**: ``train_iconq`` as ``sloctl train iconq`` runs it (neighbour
+3. **After**: ``learn_iconq`` as ``sloctl train iconq`` runs it (neighbour
    CSR, vectorised batches of similar lengths, batches sized for the data with
-   the learning rate scaled, ``--max-train-s``), to its stopping rule; it
-   reports samples per second of training, the wall time of the whole
-   training call, and the Q-errors.
+   the learning rate scaled, the learning curve, ``--max-train-s``,
+   ``--devices``), to its stopping rule; it reports samples per second of
+   training (the last curve point's), the wall time of the whole call, the
+   rows it learned from and why it stopped, and the Q-errors.
 
 Each side runs in its own child process (the peak RSS of each is its own,
 ``ru_maxrss``); the ratio of samples per second is measured in this one run.
@@ -120,16 +121,19 @@ def _before(log_path: str, seconds: float, seed: int, out: multiprocessing.Queue
     out.put({"samples": samples, "train_s": elapsed, "samples_per_s": samples / elapsed, "peak_rss_mb": _rss_mb()})
 
 
-def _after(log_path: str, max_train_s: float | None, seed: int, out: multiprocessing.Queue) -> None:
+def _after(log_path: str, max_train_s: float | None, seed: int, devices: int, out: multiprocessing.Queue) -> None:
     """``train_iconq`` as the CLI runs it, to its stopping rule."""
     from sloctl.core.config import IconqSection
     from sloctl.datasets.querylog import read_log
     from sloctl.models.stage import StageConfig
-    from sloctl.training.pipeline import train_iconq
+    from sloctl.training.pipeline import learn_iconq
 
     log = read_log(log_path)
     started = time.perf_counter()
-    result = train_iconq(log, StageConfig(), IconqSection(seed=seed, max_train_s=max_train_s), progress=False,
+    result = learn_iconq(log, StageConfig(), IconqSection(seed=seed, max_train_s=max_train_s, devices=devices),
+                         on_point=lambda p: print(f"  after: {p.rows:,} rows -> val p90 {p.val_q_error_p90:.3f} "
+                                                  f"({p.epochs} epochs, {p.wall_s:.0f} s)", file=sys.stderr,
+                                                  flush=True),
                          on_epoch=lambda e, v: print(f"  after: epoch {e} val_loss {v:.4f} "
                                                      f"({time.perf_counter() - started:.0f} s)", file=sys.stderr,
                                                      flush=True))
@@ -139,7 +143,11 @@ def _after(log_path: str, max_train_s: float | None, seed: int, out: multiproces
              "stopped_by": p["iconq_stopped_by"], "batch_size": p["iconq_batch_size_used"],
              "lr": p["iconq_lr_used"], "val_q_error_p90": m["val_q_error_p90"],
              "test_q_error_p50": m["test_q_error_p50"], "test_q_error_p90": m["test_q_error_p90"],
-             "peak_rss_mb": _rss_mb()})
+             "learned_rows": p.get("iconq_learned_rows"), "curve_stop": p.get("iconq_curve_stop"),
+             "curve": p.get("iconq_curve"), "devices": devices,
+             # the spawned DDP processes' memory is their own; ru_maxrss of children covers them
+             "peak_rss_mb": _rss_mb(),
+             "peak_rss_children_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024.0})
 
 
 def _child(target, *args):
@@ -159,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before-s", type=float, default=60.0, help="Seconds the before path trains.")
     parser.add_argument("--max-train-s", type=float, default=None, help="iconq.max_train_s of the after path.")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--devices", type=int, default=1, help="iconq.devices of the after path (DDP processes).")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the simulated log here.")
     parser.add_argument("--skip-before", action="store_true")
     parser.add_argument("--json", action="store_true")
@@ -183,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         before = None if args.skip_before else _child(_before, str(path), args.before_s, args.seed)
         if before:
             print(f"before: {before['samples_per_s']:,.0f} samples/s", file=sys.stderr)
-        after = _child(_after, str(path), args.max_train_s, args.seed)
+        after = _child(_after, str(path), args.max_train_s, args.seed, args.devices)
     report = {"rows": args.rows, "world": [str(w) for w in worlds], "simulate_s": simulate_s,
               "before": before, "after": after,
               "speedup": None if before is None else after["samples_per_s"] / before["samples_per_s"]}
@@ -193,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         if before:
             print(f"before: {before['samples_per_s']:,.0f} samples/s (batch 32, {before['train_s']:.0f} s timed), "
                   f"peak RSS {before['peak_rss_mb']:,.0f} MB")
-        print(f"after:  {after['samples_per_s']:,.0f} samples/s (batch {after['batch_size']}, lr {after['lr']:.4g}), "
+        print(f"after:  {after['samples_per_s']:,.0f} samples/s (batch {after['batch_size']}, lr {after['lr']:.4g}, "
+              f"{after['devices']} process(es)), learned from {after['learned_rows']} rows ({after['curve_stop']}), "
               f"{after['epochs']:.0f} epochs, stopped by {after['stopped_by']}, training {after['wall_s'] / 60:.1f} "
               f"min, peak RSS {after['peak_rss_mb']:,.0f} MB, test p50/p90 {after['test_q_error_p50']:.3f}/"
               f"{after['test_q_error_p90']:.3f}")
