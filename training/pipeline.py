@@ -461,8 +461,9 @@ def check_interval(cfg: IconqSection, n_samples: int, batch_size: int) -> float 
     Early stopping's patience counts validations, so on a log whose epoch is
     millions of samples it waits a few hundred thousand samples, not epochs.
     """
-    batches = -(-n_samples // batch_size)
-    every = -(-cfg.check_every_samples // batch_size)
+    per_step = batch_size * cfg.devices  # each data-parallel process takes every devices-th batch
+    batches = -(-n_samples // batch_size) // cfg.devices
+    every = -(-cfg.check_every_samples // per_step)
     return 1.0 if every >= batches else int(every)
 
 

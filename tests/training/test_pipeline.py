@@ -208,3 +208,7 @@ def test_large_logs_validate_every_check_every_samples_small_ones_once_an_epoch(
     cfg = IconqSection()
     assert check_interval(cfg, 50_000, 256) == 1.0
     assert check_interval(cfg, 2_000_000, 256) == -(-250_000 // 256)
+    # each of 2 data-parallel processes takes half the batches: a check every 250k samples over both
+    two = dataclasses.replace(cfg, devices=2)
+    assert check_interval(two, 2_000_000, 256) == -(-250_000 // 512)
+    assert check_interval(two, 200_000, 256) == 1.0
