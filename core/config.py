@@ -172,6 +172,10 @@ class IconqSection:
         check_every_samples: validate (and count early stopping's patience)
             every this many training samples when an epoch holds more;
             otherwise once an epoch.
+        max_val_rows: validation during training (early stopping, the best
+            checkpoint, the learning curve) watches at most this many rows of
+            the validation split, a seeded sample; the reported metrics use
+            all of it. ``null``: all of it.
         accelerator: Lightning's ``cpu``, ``gpu`` or ``auto``.
         devices: data-parallel processes (Lightning DDP, spawned); each
             trains on every ``devices``-th batch and validates on all.
@@ -194,6 +198,7 @@ class IconqSection:
     learn_rows: Literal["curve", "all"] = "curve"
     curve_tolerance: float = 0.02
     check_every_samples: int = 250_000
+    max_val_rows: int | None = 20_000
     accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
     devices: int = 1
     max_epochs: int = 100
@@ -207,6 +212,9 @@ class IconqSection:
     def __post_init__(self) -> None:
         _in_range(self, "iconq", batch_size=(1, 1 << 20), max_batch_size=(1, 1 << 20), loader_workers=(0, 64))
         _in_range(self, "iconq", curve_tolerance=(0.0, 1.0), check_every_samples=(1, 1 << 40), devices=(1, 1024))
+        if self.max_val_rows is not None and self.max_val_rows < 1:
+            raise ConfigError(f"key 'iconq.max_val_rows' must be a whole number >= 1 or null (all of them), "
+                              f"got {self.max_val_rows!r}.")
         if self.max_batch_size < self.batch_size:
             raise ConfigError(f"key 'iconq.max_batch_size' must be >= iconq.batch_size ({self.batch_size}), "
                               f"got {self.max_batch_size!r}.")

@@ -296,7 +296,7 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
                                                  seed=seed, index=inputs.index))
 
     train_ds = dataset(splits["train"], variant.censored, cfg.seed)
-    val_ds = dataset(splits["val"], variant.censored, cfg.seed + 1)
+    val_ds = dataset(watched_rows(splits["val"], cfg), variant.censored, cfg.seed + 1)
     if len(train_ds) == 0 or len(val_ds) == 0:
         raise ValueError(f"Too few queries to train Iconq: {len(train_ds)} training and {len(val_ds)} validation "
                          "samples; collect a longer log.")
@@ -436,6 +436,9 @@ def train_iconq_curve(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSe
         gain = 1.0 if best is None else 1.0 - point.val_q_error_p90 / best.metrics["val_q_error_p90"]
         if best is None or point.val_q_error_p90 < best.metrics["val_q_error_p90"]:
             best = result
+        if point.stopped_by == "max_train_s":  # cut short by the budget: no verdict on the data's worth
+            why = f"max_train_s spent while training on {n} rows"
+            break
         if i + 1 < len(sizes) and gain < cfg.curve_tolerance and not full:
             why = (f"plateau: {n} rows improved validation p90 by {100 * gain:.1f}% "
                    f"(< {100 * cfg.curve_tolerance:g}%)")
@@ -453,6 +456,15 @@ def learn_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         return train_iconq_curve(log, stage_config, cfg, **kwargs)
     kwargs.pop("on_point", None)
     return train_iconq(log, stage_config, cfg, **kwargs)
+
+
+def watched_rows(val_rows: np.ndarray, cfg: IconqSection) -> np.ndarray:
+    """The validation rows early stopping, checkpoints and the learning curve watch: at most
+    ``iconq.max_val_rows`` of them (a seeded sample, the same for every curve point); the reported
+    ``val_*`` metrics are still computed on the whole validation split."""
+    if cfg.max_val_rows is None or len(val_rows) <= cfg.max_val_rows:
+        return val_rows
+    return np.sort(np.random.default_rng(cfg.seed + 7).choice(val_rows, cfg.max_val_rows, replace=False))
 
 
 def check_interval(cfg: IconqSection, n_samples: int, batch_size: int) -> float | int:

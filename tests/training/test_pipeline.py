@@ -212,3 +212,14 @@ def test_large_logs_validate_every_check_every_samples_small_ones_once_an_epoch(
     two = dataclasses.replace(cfg, devices=2)
     assert check_interval(two, 2_000_000, 256) == -(-250_000 // 512)
     assert check_interval(two, 200_000, 256) == 1.0
+
+
+def test_validation_during_training_watches_a_seeded_sample_of_a_large_split(cfg):
+    from sloctl.training.pipeline import watched_rows
+
+    rows = np.arange(100_000)
+    picked = watched_rows(rows, cfg.iconq)
+    assert len(picked) == cfg.iconq.max_val_rows and np.array_equal(picked, watched_rows(rows, cfg.iconq))
+    assert np.isin(picked, rows).all() and np.array_equal(picked, np.sort(picked))
+    assert np.array_equal(watched_rows(rows[:500], cfg.iconq), rows[:500])
+    assert len(watched_rows(rows, dataclasses.replace(cfg.iconq, max_val_rows=None))) == len(rows)
