@@ -142,8 +142,10 @@ def test_data_parallel_training_on_two_cpu_processes_registers_a_model(workdir, 
     assert 1.0 <= summary["test"]["p90"] < 10.0
     import mlflow
 
-    client = mlflow.tracking.MlflowClient(f"sqlite:///{workdir / 'mlflow.db'}")
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"  # the CLI's registry; never another test's global one
+    client = mlflow.tracking.MlflowClient(tracking_uri=uri, registry_uri=uri)
     run = client.get_run(client.get_model_version("iconq-ddp", "1").run_id)
+    assert run.info.run_id == summary["run_id"]
     assert run.data.params["iconq_devices"] == "2" and float(run.data.metrics["train_samples_per_s"]) > 0
     bad = run_sloctl("train", "iconq", "--log", "log.parquet", "--devices", "0", "--no-register", cwd=workdir)
     assert bad.returncode == 2 and "--devices" in bad.stderr
