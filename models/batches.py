@@ -205,15 +205,15 @@ class BucketBatchSampler(Sampler[list[int]]):
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self._batches()
-        per_rank = len(batches) // self.num_replicas if self.num_replicas > 1 else len(batches)
-        for b in batches[self.rank::self.num_replicas][:per_rank]:
+        for b in batches[self.rank::self.num_replicas][:len(batches) // self.num_replicas]:
             yield b.tolist()
 
     def __len__(self) -> int:
-        n_batches = -(-len(self.lengths) // self.batch_size) if not self.shuffle else sum(
-            -(-min(self.batch_size * self.pool_batches, len(self.lengths) - i) // self.batch_size)
-            for i in range(0, len(self.lengths), self.batch_size * self.pool_batches))
-        return n_batches // self.num_replicas if self.num_replicas > 1 else n_batches
+        n = len(self.lengths)
+        pool = self.batch_size * self.pool_batches if self.shuffle else max(n, 1)  # evaluation: one sorted pool
+        full, rest = divmod(n, pool)
+        n_batches = full * -(-pool // self.batch_size) + -(-rest // self.batch_size)
+        return n_batches // self.num_replicas
 
 
 def predict_samples(net: Any, samples: IconqSamples, batch_size: int = 1024) -> np.ndarray:
@@ -225,7 +225,7 @@ def predict_samples(net: Any, samples: IconqSamples, batch_size: int = 1024) -> 
     out = np.empty(len(samples))
     with torch.no_grad():
         for idx in BucketBatchSampler(samples.lengths(), batch_size, shuffle=False):
-            batch = samples.inputs.batch(samples.table.row[idx], after_len=samples.table.after_len[idx])
+            batch = samples.__getitems__(idx)
             out[idx] = net(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
                            batch["after_len"], batch["base_log"]).double().numpy()
     return out

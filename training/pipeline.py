@@ -312,7 +312,6 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         epoch_hook = [EpochReporter(on_epoch)] if on_epoch else []
         if on_batch is not None:
             epoch_hook.append(TrainingProgress(on_batch, len(train_ds)))
-    speed = SampleRate()
     with tempfile.TemporaryDirectory(prefix="sloctl-iconq-") as ckpt_dir:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, monitor="val_loss", mode="min", save_top_k=1)
         stopper = EarlyStopping("val_loss", patience=cfg.patience, mode="min")
@@ -326,15 +325,16 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
             num_sanity_val_steps=0, default_root_dir=ckpt_dir,
             max_time=None if cfg.max_train_s is None else {"seconds": cfg.max_train_s},
             val_check_interval=check_interval(cfg, len(train_ds), batch_size),
-            callbacks=[stopper, checkpoint, speed, *epoch_hook, *(callbacks or [])])
+            callbacks=[stopper, checkpoint, SampleRate(), *epoch_hook, *(callbacks or [])])
         trainer.fit(module, datamodule=IconqDataModule(train_ds, val_ds, batch_size, cfg.seed,
                                                        workers=cfg.loader_workers))
         if checkpoint.best_model_path:
             state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
             module.load_state_dict(state)
-        fit = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("fit_")}  # also after DDP
-        epochs = int(fit.get("fit_epochs", trainer.current_epoch))
-        stopped_by = ("early_stopping" if fit.get("fit_early_stopped") or stopper.stopped_epoch > 0 else
+        # SampleRate's figures, which come back from spawned data-parallel processes too
+        fit = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("fit_")}
+        epochs = int(fit["fit_epochs"])
+        stopped_by = ("early_stopping" if fit["fit_early_stopped"] else
                       "max_epochs" if epochs >= cfg.max_epochs else
                       "max_train_s" if cfg.max_train_s is not None else "other")
     net = module.net.eval()
@@ -343,8 +343,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     metrics: dict[str, float] = {"epochs": float(epochs), "best_val_loss": float(checkpoint.best_model_score or np.nan),
                                  "train_samples": float(len(train_ds)),
                                  "train_samples_per_s": (fit["fit_samples"] / fit["fit_train_s"]
-                                                         if fit.get("fit_train_s") else float("nan")),
-                                 "train_wall_s": fit.get("fit_wall_s", float("nan")), "devices": float(cfg.devices)}
+                                                         if fit["fit_train_s"] > 0 else float("nan")),
+                                 "train_wall_s": fit["fit_wall_s"], "devices": float(cfg.devices)}
     actual = log["latency_s"].to_numpy()
     ok = log["status"].to_numpy() == "ok"
     for name in SPLITS:
