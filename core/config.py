@@ -371,7 +371,12 @@ class ServeSection:
         public_max_in_flight: unauthenticated requests in progress at once
             (``/v1/predict`` and the ``GET`` views without a token; 503 beyond).
         predict_max_neighbours: most neighbours one ``/v1/predict`` may name
-            (bounds the CPU of one request).
+            (bounds the CPU of one request); in a batch, the most queries
+            that share one cluster, less one.
+        predict_max_batch: most queries one ``/v1/predict`` batch (``queries``) may hold.
+        predict_max_body_bytes: largest ``/v1/predict`` body from an
+            authenticated caller (a batch of SQL texts); strangers stay at
+            ``max_body_bytes``.
         lease_ttl_s, lease_max_ttl_s: an admission lease's default and largest
             lifetime; an expired lease's credit is reclaimed.
         history_limit: control-loop decisions the runtime's credit controllers keep.
@@ -407,6 +412,8 @@ class ServeSection:
     max_header_bytes: int = 16384
     public_max_in_flight: int = 8
     predict_max_neighbours: int = 64
+    predict_max_batch: int = 1000
+    predict_max_body_bytes: int = 4 * 2**20
     lease_ttl_s: float = 30.0
     lease_max_ttl_s: float = 600.0
     history_limit: int = 1000
@@ -421,7 +428,8 @@ class ServeSection:
                   spinup_delay_s=(0.0, 86_400.0), max_body_bytes=(1024, 64 * 2**20), body_timeout_s=(0.05, 600.0),
                   header_timeout_s=(0.05, 600.0), max_connections=(16, 1_000_000),
                   max_connections_per_client=(1, 1_000_000), keep_alive_s=(1, 300), max_header_bytes=(1024, 2**20),
-                  public_max_in_flight=(1, 1024), predict_max_neighbours=(0, 256), lease_ttl_s=(0.01, 86_400.0),
+                  public_max_in_flight=(1, 1024), predict_max_neighbours=(0, 256), predict_max_batch=(1, 10_000),
+                  predict_max_body_bytes=(1024, 64 * 2**20), lease_ttl_s=(0.01, 86_400.0),
                   lease_max_ttl_s=(0.01, 86_400.0), history_limit=(10, 1_000_000))
         if not self.cluster_sizes or len(self.cluster_sizes) > 256 or not all(
                 1 <= s <= 1024 for s in self.cluster_sizes):

@@ -408,6 +408,10 @@ def import_executions(paths: str | Path | Iterable[str | Path], *, format: str |
         cols[key] = cols[key][order]
     origin = float(cols["arrival"][0])
     texts = list(rows.texts)
+    if isinstance(catalog, str | Path):  # read once: it featurizes the texts and travels in the log's metadata
+        from sloctl.datasets.sql_features import load_catalog
+
+        catalog = load_catalog(catalog)
     text_fp, fps, matrix, sources, unparsed, feature_source = _featurize(texts, dialect, catalog)
     text_hash = np.array([sql_hash(t) for t in texts], dtype=object)
     row_fp = text_fp[cols["text"]]
@@ -468,4 +472,8 @@ def import_executions(paths: str | Path | Iterable[str | Path], *, format: str |
                 "import_counts": json.dumps({"read": report.read, "imported": report.imported,
                                              "censored": censored, "refused": refused}),
                 "feature_source": feature_source}
+    if catalog is not None:  # what a model trained on this log needs to featurize new SQL the same way
+        from sloctl.datasets.sql_features import CATALOG_KEY, catalog_metadata
+
+        metadata[CATALOG_KEY] = catalog_metadata(catalog)
     return ImportResult(log=log, metadata=metadata, report=report)

@@ -22,6 +22,7 @@ import hashlib
 import math
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from functools import lru_cache
 from pathlib import Path
@@ -39,7 +40,10 @@ __all__ = [
     "TEXT_FEATURES",
     "TextFeaturizer",
     "feature_source",
+    "catalog_from_metadata",
+    "catalog_metadata",
     "fingerprint",
+    "load_catalog",
     "text_features",
 ]
 
@@ -121,6 +125,44 @@ class Catalog:
         """Whether any table has a known size in bytes."""
         return any(not math.isnan(b) for _, b in self.tables.values())
 
+    def to_rows(self) -> list[dict[str, Any]]:
+        """One ``{"table", "rows", "bytes"}`` per table (``bytes`` ``None`` when unknown), in :meth:`from_rows` form."""
+        return [{"table": name, "rows": rows, "bytes": None if math.isnan(size) else size}
+                for name, (rows, size) in self.tables.items()]
+
+    @classmethod
+    def from_rows(cls, rows: list[Mapping[str, Any]], source: str = "catalog") -> Catalog:
+        """The inverse of :meth:`to_rows`.
+
+        Raises:
+            QueryLogError: a row without a table name or with rows/bytes not a number >= 0, naming it.
+        """
+        tables: dict[str, tuple[float, float]] = {}
+        for i, row in enumerate(rows):
+            name = row.get("table") if isinstance(row, Mapping) else None
+            if not isinstance(name, str) or not name.strip():
+                raise QueryLogError(f"{source}: entry {i} must have a table name ('table'), got {row!r:.80}.")
+            values = []
+            for key in ("rows", "bytes"):
+                value = row.get(key)
+                value = math.nan if value is None and key == "bytes" else value
+                if isinstance(value, bool) or not isinstance(value, int | float) or not (
+                        math.isnan(value) and key == "bytes" or math.isfinite(value) and value >= 0):
+                    raise QueryLogError(f"{source}: entry {i} ({name}): '{key}' must be a number >= 0, got {value!r}.")
+                values.append(float(value))
+            tables[name] = (values[0], values[1])
+        return cls(tables)
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write the ``table,rows,bytes`` CSV :meth:`from_csv` reads (bytes empty when unknown)."""
+        path = Path(path)
+        with path.open("w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh)
+            writer.writerow(["table", "rows", "bytes"])
+            for name, (rows, size) in self.tables.items():
+                writer.writerow([name, repr(rows), "" if math.isnan(size) else repr(size)])
+        return path
+
     @classmethod
     def from_csv(cls, path: str | Path) -> Catalog:
         """Read a CSV with columns ``table``, ``rows`` and optionally ``bytes``.
@@ -171,6 +213,61 @@ class Catalog:
             width = widths.get((database, schema, table))
             tables[f'"{database}"."{schema}"."{table}"'] = (rows, rows * width if width else math.nan)
         return cls(tables)
+
+
+def load_catalog(path: str | Path) -> Catalog:
+    """Table statistics from a ``table,rows[,bytes]`` CSV or a DuckDB database file (read-only).
+
+    Raises:
+        QueryLogError: the file is missing or not a readable catalog, naming it and the expected forms.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise QueryLogError(f"{path}: catalog file not found (expected a table,rows[,bytes] CSV or a .duckdb file).")
+    if path.suffix.lower() in (".duckdb", ".db"):
+        import duckdb
+
+        try:
+            con = duckdb.connect(str(path), read_only=True)
+        except duckdb.Error as exc:
+            raise QueryLogError(f"{path}: not a readable DuckDB database ({' '.join(str(exc).split())[:200]}).") \
+                from exc
+        try:
+            return Catalog.from_duckdb(con)
+        finally:
+            con.close()
+    return Catalog.from_csv(path)
+
+
+#: The log metadata key that holds the catalog the log's ``f_c_*`` features were built from.
+CATALOG_KEY = "catalog"
+
+
+def catalog_metadata(catalog: Catalog) -> str:
+    """``catalog`` as the JSON stored under a log's ``catalog`` metadata key."""
+    import json
+
+    return json.dumps(catalog.to_rows())
+
+
+def catalog_from_metadata(metadata: Mapping[str, str], source: str = "log") -> Catalog | None:
+    """The catalog a log's metadata records (``None``: it records none).
+
+    Raises:
+        QueryLogError: the value is not the JSON :func:`catalog_metadata` writes.
+    """
+    import json
+
+    raw = metadata.get(CATALOG_KEY)
+    if raw is None:
+        return None
+    try:
+        rows = json.loads(raw)
+    except ValueError as exc:
+        raise QueryLogError(f"{source}: metadata 'catalog' is not JSON ({exc}).") from exc
+    if not isinstance(rows, list):
+        raise QueryLogError(f"{source}: metadata 'catalog' must be a JSON list of {{table, rows, bytes}}.")
+    return Catalog.from_rows(rows, source=f"{source}: metadata 'catalog'")
 
 
 def _number(path: Path, column: str, raw: str | None, line: int, *, required: bool) -> float:
@@ -360,6 +457,16 @@ def _catalog_features(reads: list[tuple[str, ...]], catalog: Catalog | None) -> 
     return out
 
 
+def _qualified(parts: tuple[str, ...], qualify: tuple[str, ...]) -> tuple[str, ...]:
+    """``parts`` of a table name completed with the session's ``(catalog, schema)`` (either may be empty)."""
+    catalog, schema = (qualify + ("", ""))[:2]
+    if len(parts) == 1 and schema:
+        return (catalog, schema, *parts) if catalog else (schema, *parts)
+    if len(parts) == 2 and catalog:
+        return (catalog, *parts)
+    return parts
+
+
 def _check_dialect(dialect: str) -> None:
     from sqlglot.dialects.dialect import Dialect
 
@@ -400,7 +507,8 @@ def text_features(sql: str, dialect: str = "duckdb", catalog: Catalog | None = N
     return _features(sql, dialect, catalog)
 
 
-def _features(sql: str, dialect: str, catalog: Catalog | None) -> dict[str, float]:
+def _features(sql: str, dialect: str, catalog: Catalog | None,
+              qualify: tuple[str, ...] = ()) -> dict[str, float]:
     tree = _statement(sql, dialect)
     if tree is None:
         return _nan_features()
@@ -408,6 +516,8 @@ def _features(sql: str, dialect: str, catalog: Catalog | None) -> dict[str, floa
         counts, reads = _count(tree)
     except RecursionError:  # a pathologically deep tree: unknown
         return _nan_features()
+    if any(qualify):  # names the text leaves unqualified are in the session's catalog and schema
+        reads = [_qualified(parts, qualify) for parts in reads]
     return {**counts, **_catalog_features(reads, catalog)}
 
 
@@ -417,30 +527,46 @@ class TextFeaturizer:
     Args:
         dialect: sqlglot's name of the log's SQL dialect.
         catalog: table statistics for the ``f_c_*`` features, or ``None``.
+        max_cache: keep at most this many fingerprints' features, the least
+            recently used leaving first (a server's bound); ``None``: all of
+            them (an import, whose distinct texts are the log's).
     """
 
-    def __init__(self, dialect: str = "duckdb", catalog: Catalog | None = None) -> None:
+    def __init__(self, dialect: str = "duckdb", catalog: Catalog | None = None, *,
+                 max_cache: int | None = None) -> None:
+        if max_cache is not None and max_cache < 1:
+            raise ValueError(f"The 'max_cache' parameter must be None or >= 1, got {max_cache}.")
         self.dialect = dialect
         self.catalog = catalog
+        self.max_cache = max_cache
         self.parsed = 0
         self.failed = 0
-        self._cache: dict[str, dict[str, float]] = {}
+        self._cache: OrderedDict[Any, dict[str, float]] = OrderedDict()
         self._lock = threading.Lock()
         self._checked = False
 
-    def __call__(self, sql: str) -> dict[str, float]:
-        """Features of ``sql`` (see :func:`text_features`); ``parsed`` / ``failed`` count distinct texts."""
-        key = fingerprint(sql)
-        cached = self._cache.get(key)
+    def __call__(self, sql: str, qualify: tuple[str, str] = ("", "")) -> dict[str, float]:
+        """Features of ``sql`` (see :func:`text_features`); ``parsed`` / ``failed`` count distinct texts.
+
+        ``qualify`` is the session's ``(catalog, schema)`` (lower case, either
+        may be empty) that completes the table names the text leaves unqualified.
+        """
+        key = fingerprint(sql) if not any(qualify) else (qualify, fingerprint(sql))
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None and self.max_cache is not None:
+                self._cache.move_to_end(key)
         if cached is None:
             if not self._checked:
                 _check_dialect(self.dialect)
                 self._checked = True
-            features = _features(sql, self.dialect, self.catalog)
+            features = _features(sql, self.dialect, self.catalog, qualify)
             with self._lock:
                 cached = self._cache.get(key)
                 if cached is None:
                     cached = self._cache[key] = features
+                    if self.max_cache is not None and len(self._cache) > self.max_cache:
+                        self._cache.popitem(last=False)
                     if all(math.isnan(features[name]) for name in TEXT_COUNT_FEATURES):
                         self.failed += 1
                     else:

@@ -37,8 +37,8 @@ if TYPE_CHECKING:
 
     from sloctl.models.calibration import MarginCalibration
 
-__all__ = ["FEATURE_GROUPS", "QUERY_COLUMNS", "LatencyPredictor", "VARIANTS", "Variant", "feature_group",
-           "queries_frame", "used_features"]
+__all__ = ["FEATURE_GROUPS", "QUERY_COLUMNS", "LatencyPredictor", "SqlSpec", "VARIANTS", "Variant",
+           "feature_group", "mask_features", "queries_frame", "used_features"]
 
 #: What each group of feature columns needs to be built, for messages.
 FEATURE_GROUPS: dict[str, str] = {
@@ -64,6 +64,42 @@ def used_features(log: pd.DataFrame) -> tuple[str, ...]:
         if column in log.columns and np.isfinite(log[column].to_numpy(dtype=float)).any():
             out.append(column)
     return tuple(out)
+
+
+def mask_features(log: pd.DataFrame, groups: tuple[str, ...]) -> pd.DataFrame:
+    """``log`` with the feature columns outside ``groups`` (``plan``, ``text``, ``catalog``) set unknown (NaN):
+    what a model trained on it learns from and, at prediction, needs (``sloctl train --features``)."""
+    unknown = [g for g in groups if g not in FEATURE_GROUPS]
+    if unknown or not groups:
+        raise ValueError(f"The 'groups' parameter must name feature groups among {', '.join(FEATURE_GROUPS)}, "
+                         f"got {'+'.join(groups) or 'none'!r}.")
+    hidden = [c for c in PLAN_FEATURES if feature_group(c) not in groups and c in log.columns]
+    return log.assign(**dict.fromkeys(hidden, np.nan)) if hidden else log
+
+
+#: The most query texts' features a predictor keeps (least recently used leave first).
+SQL_CACHE_TEXTS = 10_000
+
+
+@dataclass
+class SqlSpec:
+    """How a model's training log got its features from SQL text: the dialect its texts were parsed in and
+    the catalog's table statistics (``None``: the log had none). A predictor that carries one, and learned
+    from text and catalog features only, predicts for SQL text it never saw."""
+
+    dialect: str = "duckdb"
+    catalog: Any = None  # a sloctl.datasets.sql_features.Catalog
+
+    def __post_init__(self) -> None:
+        self._featurizer: Any = None
+
+    def featurizer(self) -> Any:
+        """The (bounded, thread-safe) text featurizer, made on first use."""
+        if self._featurizer is None:
+            from sloctl.datasets.sql_features import TextFeaturizer
+
+            self._featurizer = TextFeaturizer(self.dialect, self.catalog, max_cache=SQL_CACHE_TEXTS)
+        return self._featurizer
 
 
 @dataclass(frozen=True)
@@ -104,12 +140,15 @@ class LatencyPredictor:
             (set to NaN) when it predicts, so that a model trained on SQL
             text alone never sees plan estimates it did not learn from.
             ``None``: every column (a model saved by older code).
+        sql: how the training log's texts became features (dialect and
+            catalog), so that :meth:`sql_features` builds them the same way
+            for new texts; ``None``: the model cannot read SQL text.
     """
 
     def __init__(self, stage: StageModel, scaler: FeatureScaler | None = None, net: Any = None,
                  variant: Variant | None = None, plan_feature_version: str = PLAN_FEATURE_VERSION,
                  calibration: MarginCalibration | None = None, templates: pd.DataFrame | None = None,
-                 feature_columns: tuple[str, ...] | None = None) -> None:
+                 feature_columns: tuple[str, ...] | None = None, sql: SqlSpec | None = None) -> None:
         self.stage = stage
         self.scaler = scaler
         self.net = net
@@ -118,6 +157,50 @@ class LatencyPredictor:
         self.calibration = calibration
         self.templates = templates
         self.feature_columns = None if feature_columns is None else tuple(feature_columns)
+        self.sql = sql
+
+    def sql_refusal(self) -> str | None:
+        """Why this model cannot predict from SQL text, naming what to train; ``None`` when it can."""
+        sources = self.feature_sources
+        if "plan" in sources:
+            return (f"the model was trained on {self.feature_source} features and SQL text gives only text and "
+                    "catalog features; train one on those: `sloctl train iconq --features text+catalog` (or "
+                    "`train stage`), or give the plan features (f_* columns, or a template it knows)")
+        if "text" not in sources:
+            return (f"the model was trained without SQL text features ({self.feature_source}); train it on a log "
+                    "whose rows have them (`sloctl import` of a query history, or a collected log) with "
+                    "`--features text+catalog`")
+        if self.sql is None:
+            return ("the model does not record how its log's SQL was parsed (trained before sloctl stored it with "
+                    "the model); train it again with `--features text+catalog`")
+        if "catalog" in sources and self.sql.catalog is None:
+            return ("the model learned catalog features but carries no catalog; train it again with "
+                    "`--catalog FILE` (a table,rows,bytes CSV or the warehouse's .duckdb file)")
+        return None
+
+    def sql_features(self, texts: Any, qualify: Any = None) -> np.ndarray:
+        """The feature matrix (:data:`PLAN_FEATURES` columns; plan columns NaN) of SQL ``texts``, built as
+        training built its log's: parsed in the log's dialect, table sizes from its catalog.
+
+        Args:
+            texts: one SQL statement per row.
+            qualify: per row, the session's ``(catalog, schema)`` that completes unqualified table names
+                (``None``: none).
+
+        Raises:
+            FeatureError: the model cannot read SQL (:meth:`sql_refusal`).
+        """
+        why = self.sql_refusal()
+        if why is not None:
+            raise FeatureError(f"cannot predict from SQL text: {why}.")
+        featurizer = self.sql.featurizer()
+        index = {name: j for j, name in enumerate(PLAN_FEATURES)}
+        out = np.full((len(texts), len(PLAN_FEATURES)), np.nan)
+        for i, text in enumerate(texts):
+            where = ("", "") if qualify is None or qualify[i] is None else qualify[i]
+            for name, value in featurizer(str(text), where).items():
+                out[i, index[name]] = value
+        return out
 
     @property
     def feature_sources(self) -> tuple[str, ...]:
@@ -235,34 +318,60 @@ class LatencyPredictor:
                                          rank)
 
 
-#: What a file of queries to predict must hold (``sloctl predict --input``).
+#: What a file of queries to predict must hold (``sloctl predict --input``); ``sql`` may stand for ``template``.
 QUERY_COLUMNS = ("template", "cluster_size", "arrival_s")
 
 
-def queries_frame(queries: pd.DataFrame, templates: pd.DataFrame | None, source: str = "input") -> pd.DataFrame:
+def queries_frame(queries: pd.DataFrame, templates: pd.DataFrame | None, source: str = "input",
+                  sql: Any = None) -> pd.DataFrame:
     """A log-shaped frame a :class:`LatencyPredictor` reads, from a table of queries to predict.
 
-    ``queries`` needs :data:`QUERY_COLUMNS`; ``cluster_id`` groups the
-    queries that run together (default: each query alone), ``end_s`` (when
-    every row has one) makes overlapping executions the neighbours, else every
-    query of the cluster is one. Plan features missing from ``queries`` come
-    from ``templates`` (the model's template table), by template.
+    ``queries`` needs ``cluster_size``, ``arrival_s`` and, per row, a
+    ``template`` the model knows or its ``sql`` text (optionally with the
+    session's ``catalog`` and ``schema`` that complete unqualified table
+    names); ``cluster_id`` groups the queries that run together (default:
+    each query alone), ``end_s`` (when every row has one) makes overlapping
+    executions the neighbours, else every query of the cluster is one.
+    Features missing from ``queries`` come from ``templates`` (the model's
+    template table) by template, or from the text by ``sql``.
+
+    Args:
+        sql: ``predictor.sql_features`` (texts, qualify -> feature matrix);
+            ``None``: rows with SQL text are refused.
 
     Raises:
         ValueError: a missing column, a bad value or an unknown template, naming it.
+        FeatureError: SQL text for a model that cannot read it (from ``sql``).
     """
     import pandas as pd
 
     from sloctl.datasets.plan_features import PLAN_FEATURES
 
-    missing = [c for c in QUERY_COLUMNS if c not in queries.columns]
+    has_sql = "sql" in queries.columns
+    texts = queries["sql"].to_numpy(dtype=object) if has_sql else np.full(len(queries), None, dtype=object)
+    by_text = np.array([isinstance(t, str) and bool(t.strip()) for t in texts], dtype=bool)
+    needed = [c for c in QUERY_COLUMNS if not (c == "template" and has_sql)]
+    missing = [c for c in needed if c not in queries.columns]
     if missing:
-        raise ValueError(f"{source}: missing column '{missing[0]}' (needed: {', '.join(QUERY_COLUMNS)}; optional: "
-                         "cluster_id, end_s, query_id, plan features f_*).")
+        raise ValueError(f"{source}: missing column '{missing[0]}' (needed: template or sql, cluster_size, arrival_s; "
+                         "optional: catalog, schema, cluster_id, end_s, query_id, plan features f_*).")
     out = pd.DataFrame(index=pd.RangeIndex(len(queries)))
     out["query_id"] = (queries["query_id"].to_numpy() if "query_id" in queries.columns
                        else np.arange(len(queries), dtype=np.int64))
-    out["template"] = queries["template"].astype(str).to_numpy()
+    names = (queries["template"].to_numpy(dtype=object) if "template" in queries.columns
+             else np.full(len(queries), None, dtype=object))
+    named = np.array([isinstance(t, str) and bool(t) for t in names], dtype=bool)
+    neither = ~(named | by_text)
+    if neither.any():
+        row = int(np.argmax(neither))
+        raise ValueError(f"{source}: row {row} has neither a template nor SQL text ('template' or 'sql').")
+    if by_text.any():
+        from sloctl.datasets.sql_features import fingerprint
+
+        names = np.where(by_text & ~named, [f"sql:{fingerprint(t)}" if b else "" for t, b in zip(texts, by_text,
+                                                                                                    strict=True)],
+                         names)
+    out["template"] = names.astype(str)
     size = pd.to_numeric(queries["cluster_size"], errors="coerce").to_numpy(dtype=float)
     bad = ~(np.isfinite(size) & (size >= 1) & (size == np.round(size)))
     if bad.any():
@@ -281,23 +390,51 @@ def queries_frame(queries: pd.DataFrame, templates: pd.DataFrame | None, source:
                          else [f"alone-{i}" for i in range(len(queries))])
     out["status"], out["slo_s"], out["oversubscribed"] = "ok", np.nan, False
     given = [c for c in PLAN_FEATURES if c in queries.columns]
-    if len(given) == len(PLAN_FEATURES):
+    if len(given) == len(PLAN_FEATURES) and not by_text.any():
         for c in PLAN_FEATURES:
             out[c] = pd.to_numeric(queries[c], errors="coerce").to_numpy(dtype=float)
         out["sql_hash"] = queries["sql_hash"].astype(str).to_numpy() if "sql_hash" in queries.columns else ""
         return out
-    if templates is None:
-        raise ValueError(f"{source}: has no plan features (f_* columns) and the model has no template table to "
-                         "take them from; add the features or use a model trained with sloctl >= 0.1.")
-    table = templates.drop_duplicates("template").set_index("template")
-    unknown = sorted(set(out["template"]) - set(table.index))
-    if unknown:
-        raise ValueError(f"{source}: template {unknown[0]!r} is not in the model's template table "
-                         f"({len(table)} templates, e.g. {', '.join(list(table.index[:3]))}); give its plan "
-                         "features (f_* columns) or train on a log that ran it.")
-    picked = table.loc[out["template"]]
-    for c in PLAN_FEATURES:
-        out[c] = picked[c].to_numpy(dtype=float) if c in picked.columns else np.nan
-    out["sql_hash"] = picked["sql_hash"].astype(str).to_numpy() if "sql_hash" in picked.columns else ""
-    return out
+    features = np.full((len(queries), len(PLAN_FEATURES)), np.nan)
+    hashes = np.full(len(queries), "", dtype=object)
+    by_name = ~by_text
+    if by_name.any():
+        if templates is None:
+            raise ValueError(f"{source}: has no plan features (f_* columns) and the model has no template table to "
+                             "take them from; add the features, give SQL text, or use a model trained with "
+                             "sloctl >= 0.1.")
+        table = templates.drop_duplicates("template").set_index("template")
+        unknown = sorted(set(out["template"][by_name]) - set(table.index))
+        if unknown:
+            raise ValueError(f"{source}: template {unknown[0]!r} is not in the model's template table "
+                             f"({len(table)} templates, e.g. {', '.join(list(table.index[:3]))}); give its SQL "
+                             "text ('sql'), its plan features (f_* columns), or train on a log that ran it.")
+        picked = table.loc[out["template"][by_name]]
+        for j, c in enumerate(PLAN_FEATURES):
+            if c in picked.columns:
+                features[by_name, j] = picked[c].to_numpy(dtype=float)
+        if "sql_hash" in picked.columns:
+            hashes[by_name] = picked["sql_hash"].astype(str).to_numpy()
+    if by_text.any():
+        if sql is None:
+            raise ValueError(f"{source}: has SQL text ('sql') but nothing here reads it with this model.")
+        rows = np.flatnonzero(by_text)
+        catalogs = queries["catalog"].to_numpy(dtype=object) if "catalog" in queries.columns else None
+        schemas = queries["schema"].to_numpy(dtype=object) if "schema" in queries.columns else None
 
+        def part(values: Any, i: int) -> str:
+            value = None if values is None else values[i]
+            return value.lower() if isinstance(value, str) else ""
+
+        qualify = [(part(catalogs, i), part(schemas, i)) for i in rows]
+        features[rows] = sql(texts[rows], qualify)
+        from sloctl.datasets.plan_features import sql_hash
+
+        hashes[rows] = [sql_hash(str(t)) for t in texts[rows]]
+    for j, c in enumerate(PLAN_FEATURES):
+        out[c] = features[:, j]
+    for c in given:  # features the caller gave win where they are known
+        value = pd.to_numeric(queries[c], errors="coerce").to_numpy(dtype=float)
+        out[c] = np.where(np.isfinite(value), value, out[c].to_numpy())
+    out["sql_hash"] = hashes.astype(str)
+    return out

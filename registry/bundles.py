@@ -6,7 +6,9 @@ its calibration under ``router_calibration``, the feature columns it learned
 from under ``feature_columns``), for Iconq ``iconq.pt`` (the
 network's ``state_dict``), and ``templates.parquet`` (one row of plan features
 per template seen in training, named by ``meta["templates"]``), and what the
-model was trained on (``meta["provenance"]``, :mod:`sloctl.registry.provenance`). Loading checks
+model was trained on (``meta["provenance"]``, :mod:`sloctl.registry.provenance`), and how its log's
+SQL text became features (``meta["sql"]``: the dialect, and ``catalog.csv``, the table statistics;
+:class:`~sloctl.models.predictor.SqlSpec`). Loading checks
 the feature-schema version, so a bundle from another layout is refused instead
 of predicting garbage; a bundle written before margins and tables travelled
 with the model loads with both ``None``.
@@ -23,13 +25,14 @@ from sloctl.core.kinds import ModelKind
 from sloctl.datasets.interactions import FEATURE_SCHEMA_VERSION, FeatureScaler
 from sloctl.datasets.plan_features import PLAN_FEATURE_VERSION, plan_feature_version_on_read
 from sloctl.models.calibration import MarginCalibration
-from sloctl.models.predictor import VARIANTS, LatencyPredictor
+from sloctl.models.predictor import VARIANTS, LatencyPredictor, SqlSpec
 from sloctl.models.stage import StageModel
 from sloctl.registry.provenance import Provenance
 
 __all__ = ["ModelSchemaError", "check_log_schema", "load_predictor", "read_provenance", "save_predictor"]
 
 TEMPLATES_FILE = "templates.parquet"
+CATALOG_FILE = "catalog.csv"
 
 
 class ModelSchemaError(SloctlError, ValueError):
@@ -60,6 +63,11 @@ def save_predictor(predictor: LatencyPredictor, folder: str | Path, *, provenanc
         meta["templates"] = TEMPLATES_FILE
     if predictor.feature_columns is not None:
         meta["feature_columns"] = list(predictor.feature_columns)
+    if predictor.sql is not None:
+        meta["sql"] = {"dialect": predictor.sql.dialect, "catalog": None}
+        if predictor.sql.catalog is not None:
+            predictor.sql.catalog.to_csv(folder / CATALOG_FILE)
+            meta["sql"]["catalog"] = CATALOG_FILE
     if provenance is not None:
         meta["provenance"] = provenance.to_dict()
     (folder / "meta.json").write_text(json.dumps(meta))
@@ -87,9 +95,15 @@ def load_predictor(folder: str | Path) -> LatencyPredictor:
         templates = pd.read_parquet(folder / meta["templates"])
     stage = StageModel.from_dict(meta["stage"])
     columns = tuple(meta["feature_columns"]) if "feature_columns" in meta else None
+    sql = None
+    if meta.get("sql") is not None:
+        from sloctl.datasets.sql_features import Catalog
+
+        catalog = Catalog.from_csv(folder / meta["sql"]["catalog"]) if meta["sql"].get("catalog") else None
+        sql = SqlSpec(meta["sql"]["dialect"], catalog)
     if meta["kind"] != ModelKind.ICONQ:
         return LatencyPredictor(stage, plan_feature_version=version, calibration=calibration, templates=templates,
-                                feature_columns=columns)
+                                feature_columns=columns, sql=sql)
     import torch
 
     from sloctl.models.iconq import IconqConfig, IconqNet
@@ -98,7 +112,7 @@ def load_predictor(folder: str | Path) -> LatencyPredictor:
     net.load_state_dict(torch.load(folder / "iconq.pt", map_location="cpu", weights_only=True))
     return LatencyPredictor(stage, FeatureScaler.from_dict(meta["scaler"]), net.eval(), VARIANTS[meta["variant"]],
                             plan_feature_version=version, calibration=calibration, templates=templates,
-                            feature_columns=columns)
+                            feature_columns=columns, sql=sql)
 
 
 def read_provenance(folder: str | Path) -> Provenance | None:

@@ -3,8 +3,11 @@
 :class:`LatencyPyfunc`'s ``predict`` takes a log-shaped DataFrame (plan
 features, ``cluster_size``, ``cluster_id``, ``arrival_s``, optionally
 ``start_s``/``end_s``) and returns each row's predicted latency in seconds
-given the other rows as neighbours. :class:`PolicyPyfunc` serves a policy
-document.
+given the other rows as neighbours. A model trained on text and catalog
+features (``sloctl train iconq --features text+catalog``) also reads a ``sql``
+column instead of the features (optional ``catalog`` and ``schema`` columns
+complete unqualified table names), and its input example shows it.
+:class:`PolicyPyfunc` serves a policy document.
 """
 
 from __future__ import annotations
@@ -44,6 +47,14 @@ class LatencyPyfunc(mlflow.pyfunc.PythonModel):
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> np.ndarray:
         neighbours = (params or {}).get("neighbours", "auto")
+        if "sql" in model_input.columns and model_input["sql"].notna().any():
+            from sloctl.models.predictor import queries_frame
+
+            frame = queries_frame(model_input, self.predictor.templates, source="model input",
+                                  sql=self.predictor.sql_features)
+            if "cluster_id" not in model_input.columns:  # queries_frame's default: each query alone
+                neighbours = "all"
+            return self.predictor.predict(frame, neighbours=neighbours)
         return self.predictor.predict(model_input, neighbours=neighbours)
 
 
@@ -71,8 +82,25 @@ class PolicyPyfunc(mlflow.pyfunc.PythonModel):
         return self.policy.to_doc()
 
 
-def latency_input_example(log: pd.DataFrame, rows: int = EXAMPLE_ROWS) -> pd.DataFrame:
-    """The first ``rows`` rows of ``log``, reduced to :data:`INPUT_COLUMNS` (what the model reads)."""
+#: The columns of a query given as SQL text (``sql``; the session's ``catalog`` and ``schema`` are optional).
+SQL_INPUT_COLUMNS: tuple[str, ...] = ("sql", "catalog", "schema", "cluster_id", "cluster_size", "arrival_s")
+
+
+def latency_input_example(log: pd.DataFrame, rows: int = EXAMPLE_ROWS, predictor: Any = None) -> pd.DataFrame:
+    """What the model reads, as example rows.
+
+    A ``predictor`` that reads SQL text (:meth:`~sloctl.models.predictor.LatencyPredictor.sql_refusal`
+    is ``None``) gets :data:`SQL_INPUT_COLUMNS`: one query per table of its catalog, running together
+    on one cluster of ``log``'s first size; otherwise the first ``rows`` rows of ``log``, reduced to
+    :data:`INPUT_COLUMNS`.
+    """
+    if predictor is not None and getattr(predictor, "sql", None) is not None and predictor.sql_refusal() is None:
+        catalog = predictor.sql.catalog
+        tables = [name for name in (catalog.tables if catalog is not None else {})][:rows] or ["(VALUES (1)) AS t"]
+        size = int(log["cluster_size"].iloc[0]) if len(log) else 1
+        return pd.DataFrame({"sql": [f"SELECT count(*) FROM {table}" for table in tables],
+                             "catalog": "", "schema": "", "cluster_id": "c0", "cluster_size": size,
+                             "arrival_s": [0.5 * i for i in range(len(tables))]})
     missing = [c for c in INPUT_COLUMNS if c not in OPTIONAL_INPUT_COLUMNS and c not in log.columns]
     if missing:
         raise ValueError(f"The 'log' parameter must have the column {missing[0]!r} a latency model reads, "
@@ -92,10 +120,21 @@ def latency_signature(predictor: Any, example: pd.DataFrame) -> Any:
     from mlflow.models import ModelSignature, infer_signature
     from mlflow.types.schema import ColSpec, Schema
 
-    output = np.asarray(predictor.predict(example, neighbours="auto"), dtype=float)
+    if "sql" in example.columns:  # a model that reads SQL text: the text, or the features, per query
+        from sloctl.models.predictor import queries_frame
+
+        frame = queries_frame(example, predictor.templates, source="input example", sql=predictor.sql_features)
+        output = np.asarray(predictor.predict(frame, neighbours="all"), dtype=float)
+    else:
+        output = np.asarray(predictor.predict(example, neighbours="auto"), dtype=float)
     with warnings.catch_warnings():  # query_id and cluster_size are whole numbers, never missing, in every log
         warnings.filterwarnings("ignore", message=".*Inferred schema contains integer column.*")
         inferred = infer_signature(example, output, params={"neighbours": "auto"})
-    inputs = Schema([ColSpec(col.type, col.name, required=col.name not in OPTIONAL_INPUT_COLUMNS)
-                     for col in inferred.inputs.inputs])
+    optional = OPTIONAL_INPUT_COLUMNS | ({"sql", "catalog", "schema"} if "sql" in example.columns else set())
+    columns = [ColSpec(col.type, col.name, required=col.name not in optional) for col in inferred.inputs.inputs]
+    if "sql" in example.columns:  # the features may stand for the text, row by row
+        columns += [ColSpec("string", "template", required=False), ColSpec("string", "sql_hash", required=False),
+                    ColSpec("double", "start_s", required=False), ColSpec("double", "end_s", required=False),
+                    *(ColSpec("double", name, required=False) for name in PLAN_FEATURES)]
+    inputs = Schema(columns)
     return ModelSignature(inputs=inputs, outputs=inferred.outputs, params=inferred.params)

@@ -188,7 +188,7 @@ def register(result: Any, log: Any, *, name: str, tracking_uri: str, experiment:
         _log_inputs(mlflow, log, result.splits, name, str(log_path))
         with tempfile.TemporaryDirectory() as tmp, _quiet_pyfunc_logging():
             bundle = save_predictor(result.predictor, Path(tmp) / "bundle", provenance=provenance)
-            example = latency_input_example(log)
+            example = latency_input_example(log, predictor=result.predictor)
             info = mlflow.pyfunc.log_model(name="model", python_model=LatencyPyfunc(),
                                            artifacts={"bundle": str(bundle)},
                                            pip_requirements=pip_requirements(result.predictor.kind),

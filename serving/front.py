@@ -99,6 +99,8 @@ class FrontSettings:
         public_max_in_flight: unauthenticated requests in progress at once (503 beyond).
         exempt_paths: paths outside both budgets (health, readiness, metrics, status page, OpenAPI).
         unshed_paths: authenticated paths that free resources and are never shed.
+        large_body_paths: paths whose authenticated callers may send up to
+            ``large_body_bytes`` (a batch); strangers stay at ``max_body_bytes``.
     """
 
     max_body_bytes: int = 65536
@@ -106,6 +108,8 @@ class FrontSettings:
     public_max_in_flight: int = 8
     exempt_paths: tuple[str, ...] = ("/healthz", "/readyz", "/metrics", "/", "/openapi.json")
     unshed_paths: tuple[str, ...] = ("/v1/complete", "/v1/release")
+    large_body_paths: tuple[str, ...] = ()
+    large_body_bytes: int = 65536
 
 
 class _BodyTooLarge(Exception):
@@ -176,9 +180,10 @@ class FrontDoor:
             await send_problem(send, 401, "missing or wrong bearer token", field="authorization", close=True,
                                headers=[(b"www-authenticate", b"Bearer")])
             return
+        limit = s.large_body_bytes if authorized and path in s.large_body_paths else s.max_body_bytes
         declared = _content_length(scope)
-        if declared is not None and declared > s.max_body_bytes:
-            await send_problem(send, 413, f"the request body must be at most {s.max_body_bytes} bytes, "
+        if declared is not None and declared > limit:
+            await send_problem(send, 413, f"the request body must be at most {limit} bytes, "
                                f"declared {declared}", field="body", close=True)
             return
         if path in s.exempt_paths:
@@ -193,25 +198,27 @@ class FrontDoor:
                 return
             self.public_in_flight += 1
             try:
-                await self._run(self.app, scope, receive, send)
+                await self._run(self.app, scope, receive, send, limit)
             finally:
                 self.public_in_flight -= 1
             return
         inner = self.app if path in s.unshed_paths else self.protected
-        await self._run(inner, scope, receive, send)
+        await self._run(inner, scope, receive, send, limit)
 
-    async def _run(self, app: Callable, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _run(self, app: Callable, scope: Scope, receive: Receive, send: Send,
+                   limit: int | None = None) -> None:
         """Read the whole body (bounded in size and time), then hand the request to ``app``."""
         s = self.settings
+        limit = s.max_body_bytes if limit is None else limit
         try:
             async with asyncio.timeout(s.body_timeout_s):
-                body = await _read_body(receive, s.max_body_bytes)
+                body = await _read_body(receive, limit)
         except TimeoutError:
             await send_problem(send, 408, f"the request body did not arrive within {s.body_timeout_s:g} s",
                                field="body", close=True)
             return
         except _BodyTooLarge:
-            await send_problem(send, 413, f"the request body must be at most {s.max_body_bytes} bytes",
+            await send_problem(send, 413, f"the request body must be at most {limit} bytes",
                                field="body", close=True)
             return
         if body is None:  # the client went away

@@ -85,6 +85,39 @@ def _finish_training(result, log, name: str, log_path: str, cfg, register: bool,
                f"SLO margin {summary['slo_margin']:.3f}, data {summary['data_hash']}{registered}")
 
 
+FeaturesOption = typer.Option(
+    None, "--features", help="Learn from these feature groups only, joined by '+': plan, text, catalog (default: "
+    "every group the log has). 'text+catalog' makes a model that predicts for any SQL text (/v1/predict 'sql').")
+CatalogOption = typer.Option(
+    None, "--catalog", help="Table statistics the model keeps to featurize new SQL text: a table,rows[,bytes] CSV "
+    "or the warehouse's .duckdb file (default: the catalog the log's metadata records).")
+DialectOption = typer.Option(
+    None, "--dialect", help="sqlglot dialect of new SQL text (default: the log's, else duckdb).")
+
+
+def _sql_setup(frame, metadata: dict, features: str | None, catalog: Path | None, dialect: str | None):
+    """The log the model learns from (``--features``: other groups unknown) and how it reads new SQL text."""
+    from sloctl.datasets.sql_features import _check_dialect, catalog_from_metadata, load_catalog
+    from sloctl.models.predictor import FEATURE_GROUPS, SqlSpec, mask_features
+
+    learned = frame
+    if features is not None:
+        groups = tuple(g.strip() for g in features.replace(",", "+").split("+") if g.strip())
+        wrong = [g for g in groups if g not in FEATURE_GROUPS]
+        if wrong or not groups:
+            raise typer.BadParameter(f"expected feature groups joined by '+' among {', '.join(FEATURE_GROUPS)}; "
+                                     f"got {features!r}", param_hint="--features")
+        learned = mask_features(frame, groups)
+    dialect = dialect or metadata.get("dialect") or "duckdb"
+    try:
+        _check_dialect(dialect)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc).replace("The 'dialect' parameter", "the dialect"),
+                                 param_hint="--dialect") from None
+    spec = SqlSpec(dialect, load_catalog(catalog) if catalog is not None else catalog_from_metadata(metadata))
+    return learned, spec
+
+
 def _check_name(name: str) -> None:
     import re
 
@@ -103,6 +136,9 @@ def train_stage_cmd(
     out: Path | None = typer.Option(None, help="Also save the model bundle to this folder."),
     name: str = typer.Option("stage", help="Registered model name (e.g. stage-sf1 for a model of another scale "
                              "factor than the 'stage' champion's)."),
+    features: str | None = FeaturesOption,
+    catalog: Path | None = CatalogOption,
+    dialect: str | None = DialectOption,
     force: bool = ForceOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -123,9 +159,11 @@ def train_stage_cmd(
     if train_on is not None:
         cfg = dataclasses.replace(cfg, stage=dataclasses.replace(cfg.stage, train_on=train_on))
     frame, metadata = read_logs_with_metadata(log)
-    result = train_stage(frame, cfg.stage, val_fraction=cfg.iconq.val_fraction,
+    learned, sql = _sql_setup(frame, metadata, features, catalog, dialect)
+    result = train_stage(learned, cfg.stage, val_fraction=cfg.iconq.val_fraction,
                          test_fraction=cfg.iconq.test_fraction, seed=cfg.iconq.seed,
                          risk_quantile=cfg.router.risk_quantile)
+    result.predictor.sql = sql
     _print_metrics(f"Stage Q-error on {describe_logs(log)}", result.metrics, err=as_json)
     _finish_training(result, frame, name, describe_logs(log), cfg, register, out, metadata, as_json=as_json)
 
@@ -149,6 +187,9 @@ def train_iconq_cmd(
                                        "spawned; on CPUs each takes its share of the cores; config: iconq.devices)."),
     name: str = typer.Option("iconq", help="Registered model name (e.g. iconq-sf1 for a model of another scale "
                              "factor than the 'iconq' champion's)."),
+    features: str | None = FeaturesOption,
+    catalog: Path | None = CatalogOption,
+    dialect: str | None = DialectOption,
     force: bool = ForceOption,
     as_json: bool = JsonOption,
 ) -> None:
@@ -176,7 +217,9 @@ def train_iconq_cmd(
                                  param_hint="--variant")
     iconq_cfg = dataclasses.replace(cfg.iconq, **overrides)
     frame, metadata = read_logs_with_metadata(log)
-    result = _train_iconq_with_progress(frame, cfg, iconq_cfg, progress)
+    learned, sql = _sql_setup(frame, metadata, features, catalog, dialect)
+    result = _train_iconq_with_progress(learned, cfg, iconq_cfg, progress)
+    result.predictor.sql = sql
     _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {describe_logs(log)}", result.metrics, err=as_json)
     _finish_training(result, frame, name, describe_logs(log), cfg, register, out, metadata, as_json=as_json)
 
@@ -274,9 +317,11 @@ def predict_cmd(
     template: str | None = typer.Option(None, help="The query's template, e.g. tpch-q05 (or --input)."),
     size: int | None = typer.Option(None, help="Cluster size it would run on (with --template)."),
     input_file: Path | None = typer.Option(None, "--input", help="A CSV or Parquet file of queries to predict with "
-                                           "one model load: columns template, cluster_size, arrival_s; optional "
-                                           "cluster_id (queries sharing a cluster are neighbours), end_s, plan "
-                                           "features f_* (default: the model's own per template)."),
+                                           "one model load: columns template (or sql: the query's text, for a "
+                                           "model trained with --features text+catalog), cluster_size, "
+                                           "arrival_s; optional catalog and schema (of unqualified tables in "
+                                           "sql), cluster_id (queries sharing a cluster are neighbours), end_s, "
+                                           "plan features f_* (default: the model's own per template)."),
     out: Path | None = typer.Option(None, "--out", "-o", help="With --input: write the queries with "
                                     "predicted_latency_s and isolated_latency_s here (.csv or .parquet)."),
     neighbour: list[str] = typer.Option([], "--neighbour", "-n",
@@ -375,7 +420,7 @@ def _predict_file(path: Path, out: Path | None, model: str, cfg, as_json: bool) 
             from None
     predictor = load_cli_model(model, cfg)
     try:
-        frame = queries_frame(queries, predictor.templates, source=f"--input {path}")
+        frame = queries_frame(queries, predictor.templates, source=f"--input {path}", sql=predictor.sql_features)
     except ValueError as exc:
         raise typer.BadParameter(str(exc).removeprefix(f"--input {path}: "), param_hint=f"--input {path}") from None
     predictor.check_features(frame, what=f"--input {path}")

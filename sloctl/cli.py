@@ -178,7 +178,8 @@ def collect_cmd(
                              allow_oversubscribe=allow_oversubscribe)
     run_meta = {"benchmark": bench, "scale_factor": scale, "sizes": ",".join(map(str, size_list)),
                 "size_unit_cores": str(cfg.warehouse.size_unit_cores),
-                "reserved_cores": str(cfg.warehouse.reserved_cores), **results[0].metadata()}
+                "reserved_cores": str(cfg.warehouse.reserved_cores), **results[0].metadata(), "dialect": "duckdb",
+                **_warehouse_catalog(db)}
     log = _write_collected(results, workloads, out, run_meta)
     status = log["status"].value_counts().to_dict()
     lags = np.asarray([lag for result in results for lag in result.dispatch_lag_s]) * 1000
@@ -233,6 +234,18 @@ def _run_workloads(db, workloads: list, size_list, cfg, *, timeout_s: float | No
                 on_progress=on_progress, log=progress.console.print,
                 pool_options=cfg.warehouse.pool_options()))
     return results
+
+
+def _warehouse_catalog(db) -> dict[str, str]:
+    """The warehouse's table statistics as log metadata (what the text and catalog features were built from)."""
+    from sloctl.core.errors import QueryLogError
+    from sloctl.datasets.sql_features import CATALOG_KEY, catalog_metadata, load_catalog
+
+    try:
+        return {CATALOG_KEY: catalog_metadata(load_catalog(db))}
+    except QueryLogError as exc:  # a database another process holds open for writing: the log still is one
+        echo(f"note: the log records no catalog ({exc})")
+        return {}
 
 
 def _write_collected(results: list, workloads: list, out: Path, run_meta: dict):

@@ -218,3 +218,46 @@ def ray_local():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def text_log(sim_log, tpch_db, tpch_templates):
+    """``(log, catalog)``: ``sim_log`` with text and catalog features only, and the catalog they came from.
+
+    Each of its twelve templates stands for one TPC-H query (sloctl's own
+    TPC-H texts), featurized as an import featurizes a history: sqlglot on
+    the text, table sizes from the catalog of the SF 0.01 database.
+    """
+    import numpy as np
+    import pandas as pd
+
+    from sloctl.datasets.plan_features import PLAN_FEATURES
+    from sloctl.datasets.sql_features import TextFeaturizer, load_catalog
+
+    catalog = load_catalog(tpch_db)
+    featurize = TextFeaturizer("duckdb", catalog)
+    sql = {f"t{i:02d}": tpch_templates[i].sql for i in range(12)}
+    features = pd.DataFrame([featurize(sql[t]) for t in sim_log["template"]], index=sim_log.index)
+    log = sim_log.assign(**dict.fromkeys(PLAN_FEATURES, np.nan))
+    for column in features.columns:
+        log[column] = features[column].to_numpy()
+    return log, catalog
+
+
+@pytest.fixture(scope="session")
+def sql_models(text_log):
+    """Stage and Iconq+ trained on ``text_log``, each carrying the log's dialect and catalog (``SqlSpec``)."""
+    import dataclasses
+
+    from sloctl.config import load_config
+    from sloctl.models.predictor import SqlSpec
+    from sloctl.training.pipeline import train_iconq, train_stage
+
+    log, catalog = text_log
+    base = load_config()
+    cfg = dataclasses.replace(base, iconq=dataclasses.replace(base.iconq, max_epochs=4))
+    stage = train_stage(log, cfg.stage, risk_quantile=cfg.router.risk_quantile)
+    iconq = train_iconq(log, cfg.stage, cfg.iconq, risk_quantile=cfg.router.risk_quantile)
+    for result in (stage, iconq):
+        result.predictor.sql = SqlSpec("duckdb", catalog)
+    return {"stage": stage, "iconq": iconq, "log": log}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -44,6 +45,9 @@ def test_collect_writes_a_valid_log_and_same_seed_repeats(tmp_path, run_sloctl):
     assert schedule(a) == schedule(b)
     meta = read_metadata(tmp_path / "a.parquet")
     assert meta["benchmark"] == "tpch" and meta["workload"] == "base"
+    # the warehouse's table statistics travel with the log: a model trained on it featurizes new SQL the same way
+    tables = {row["table"].split(".")[-1]: row["rows"] for row in json.loads(meta["catalog"])}
+    assert meta["dialect"] == "duckdb" and tables['"lineitem"'] > tables['"nation"'] == 25
 
 
 @pytest.fixture

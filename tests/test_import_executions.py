@@ -220,3 +220,8 @@ def test_catalog_statistics_reach_the_features(tmp_path):
     catalog_columns = [c for c in log.columns if c.startswith("f_c_")]
     assert catalog_columns and log[catalog_columns].notna().any(axis=None)
     assert log["f_source"].str.contains("catalog").any()
+    from sloctl.datasets.querylog import read_metadata
+    from sloctl.datasets.sql_features import catalog_from_metadata
+
+    kept = catalog_from_metadata(read_metadata(out))  # travels with the log, for the model trained on it
+    assert kept.tables == {"lineitem": (6e6, 7e8), "orders": (1.5e6, 1.6e8)}

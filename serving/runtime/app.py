@@ -2,7 +2,8 @@
 
 Endpoints (all JSON; mutating ones need ``Authorization: Bearer TOKEN``, the OpenAPI ``bearer`` scheme):
 
-* ``POST /v1/predict`` — a query's latency on a cluster size given neighbours;
+* ``POST /v1/predict`` — a query's latency on a cluster size given neighbours (by template, or its SQL text
+  for a model trained on text and catalog features), or a batch of queries (``queries``);
 * ``POST /v1/route`` / ``POST /v1/complete`` — the Query Router and its feedback;
 * ``GET /v1/clusters`` — the pool, running queries, accrued cost;
   ``PUT`` / ``DELETE /v1/clusters/{id}`` — a cluster spun up or retired (e.g. by the autoscaler);
@@ -29,9 +30,11 @@ import hmac
 import html
 import threading
 import time
+from collections import Counter
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -55,6 +58,8 @@ _NETWORK = Query(None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9][A-Za
 
 MAX_NEIGHBOURS = 256  # the schema's bound; serve.predict_max_neighbours may set a lower one
 MAX_NAME_CHARS = 200  # longest template or service name; a class 64, a holder 128, a lease id 64
+MAX_SQL_CHARS = 100_000  # longest query text /v1/predict parses (its body limit bounds a batch's)
+MAX_BATCH = 10_000  # the schema's bound; serve.predict_max_batch sets the one in force
 
 
 def _printable(value: str) -> str:
@@ -86,24 +91,76 @@ class _Out(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
 
-class Neighbour(_Body):
-    template: Name = Field(min_length=1, max_length=MAX_NAME_CHARS)
+class _Named(_Body):
+    """A query named by its template (one the model was trained on) or given as SQL text."""
+
+    template: Name | None = Field(default=None, min_length=1, max_length=MAX_NAME_CHARS)
+    sql: str | None = Field(default=None, min_length=1, max_length=MAX_SQL_CHARS,
+                            description="The query's text, for a model trained on text and catalog features "
+                                        "(`sloctl train iconq --features text+catalog`).")
+
+    @model_validator(mode="after")
+    def _one_name(self) -> Any:
+        if (self.template is None) == (self.sql is None):
+            raise ValueError("give the query's template or its sql text (exactly one)")
+        return self
+
+
+class Neighbour(_Named):
     offset_s: float = Field(ge=-86400, le=86400, description="Arrival relative to the query (negative: before).")
 
 
-class PredictBody(_Body):
-    template: Name = Field(min_length=1, max_length=MAX_NAME_CHARS)
+class BatchQuery(_Named):
     cluster_size: int = Field(ge=1, le=1024)
+    cluster_id: Name | None = Field(default=None, min_length=1, max_length=64,
+                                    description="Queries of a batch that share a cluster id run together (each "
+                                                "other's neighbours); default: the query runs alone.")
+    arrival_s: float = Field(default=0.0, ge=-86400, le=86400, description="When it arrives (seconds; only the "
+                                                                            "order and gaps within a cluster matter).")
+    catalog: Name | None = Field(default=None, min_length=1, max_length=MAX_NAME_CHARS)
+    schema_: Name | None = Field(default=None, alias="schema", min_length=1, max_length=MAX_NAME_CHARS)
+
+
+class PredictBody(_Body):
+    """One query with its neighbours (``template`` or ``sql``), or a batch (``queries``)."""
+
+    template: Name | None = Field(default=None, min_length=1, max_length=MAX_NAME_CHARS)
+    sql: str | None = Field(default=None, min_length=1, max_length=MAX_SQL_CHARS,
+                            description="The query's text instead of a template (a model trained on text and "
+                                        "catalog features).")
+    catalog: Name | None = Field(default=None, min_length=1, max_length=MAX_NAME_CHARS,
+                                 description="Catalog of the tables the SQL text leaves unqualified.")
+    schema_: Name | None = Field(default=None, alias="schema", min_length=1, max_length=MAX_NAME_CHARS,
+                                 description="Schema of the tables the SQL text leaves unqualified.")
+    cluster_size: int | None = Field(default=None, ge=1, le=1024)
     neighbours: list[Neighbour] = Field(default_factory=list, max_length=MAX_NEIGHBOURS)
+    queries: list[BatchQuery] | None = Field(default=None, min_length=1, max_length=MAX_BATCH,
+                                             description="A batch: each query with its cluster and arrival "
+                                                         "(serve.predict_max_batch at most).")
 
     @model_validator(mode="before")
     @classmethod
     def _count_first(cls, data: Any) -> Any:
         # the count before any item is validated: a long list costs nothing to refuse
-        if isinstance(data, dict) and isinstance(data.get("neighbours"), list) \
-                and len(data["neighbours"]) > MAX_NEIGHBOURS:
-            raise ValueError(f"neighbours: at most {MAX_NEIGHBOURS} items, got {len(data['neighbours'])}")
+        if isinstance(data, dict):
+            if isinstance(data.get("neighbours"), list) and len(data["neighbours"]) > MAX_NEIGHBOURS:
+                raise ValueError(f"neighbours: at most {MAX_NEIGHBOURS} items, got {len(data['neighbours'])}")
+            if isinstance(data.get("queries"), list) and len(data["queries"]) > MAX_BATCH:
+                raise ValueError(f"queries: at most {MAX_BATCH} items, got {len(data['queries'])}")
         return data
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Any:
+        if self.queries is not None:
+            if self.template is not None or self.sql is not None or self.cluster_size is not None or self.neighbours:
+                raise ValueError("give one query (template or sql, cluster_size, neighbours) or a batch (queries), "
+                                 "not both")
+            return self
+        if (self.template is None) == (self.sql is None):
+            raise ValueError("give the query's template or its sql text (exactly one), or a batch (queries)")
+        if self.cluster_size is None:
+            raise ValueError("cluster_size: required with one query (template or sql)")
+        return self
 
 
 class RouteBody(_Body):
@@ -151,9 +208,15 @@ class Problem(BaseModel):
     field: str | None = None
 
 
+class Prediction(_Out):
+    latency_s: float
+    isolated_latency_s: float
+
+
 class PredictOut(_Out):
-    latency_s: float | None
-    isolated_latency_s: float | None
+    latency_s: float | None = Field(default=None, description="One query's prediction (null for a batch).")
+    isolated_latency_s: float | None = None
+    predictions: list[Prediction] | None = Field(default=None, description="A batch's, in the order of queries.")
     model: str | None
     model_version: str | None = None
     fallback: bool
@@ -503,8 +566,14 @@ def create_app(cfg: RuntimeConfig, *, token: str | None, templates: Any = None, 
     async def crashed(request: Request, exc: Exception) -> JSONResponse:
         return _error(500, f"internal error ({type(exc).__name__})")
 
-    @app.post("/v1/predict", response_model=PredictOut, responses=_errors(408, 413, 422, 503))
+    @app.post("/v1/predict", response_model=PredictOut, response_model_exclude_none=False,
+              responses=_errors(408, 413, 422, 503))
     def predict(body: PredictBody) -> dict[str, Any]:
+        # a plain def: FastAPI runs it on a worker thread, so parsing SQL text never blocks the event loop
+        batch = body.queries is not None
+        if batch and len(body.queries) > serve.predict_max_batch:
+            raise RequestRefused(f"at most {serve.predict_max_batch} queries (serve.predict_max_batch), "
+                                 f"got {len(body.queries)}", field="queries")
         if len(body.neighbours) > serve.predict_max_neighbours:
             raise RequestRefused(f"at most {serve.predict_max_neighbours} neighbours (serve.predict_max_neighbours), "
                                 f"got {len(body.neighbours)}", field="neighbours")
@@ -515,14 +584,29 @@ def create_app(cfg: RuntimeConfig, *, token: str | None, templates: Any = None, 
             return {"latency_s": None, "isolated_latency_s": None, "model": None, "fallback": True,
                     "note": "no latency model is loaded (or no template table: no templates_log and none in "
                             "the model bundle); nothing to predict with"}
-        for name in [body.template, *(n.template for n in body.neighbours)]:
-            rt.check_template(name, kind)
-        frame = _what_if(rt.templates_for(kind), body)
         predictor = rt.slots[kind].value
-        latency = float(predictor.predict(frame, neighbours="all")[0])
+        queries = _batch_rows(body) if batch else _what_if_rows(body)
+        if not batch:
+            for name in [body.template, *(n.template for n in body.neighbours)]:
+                if name is not None:
+                    rt.check_template(name, kind)
+        else:
+            for name in {q["template"] for q in queries if q["template"] is not None}:
+                rt.check_template(name, kind)
+            largest = max(Counter(q["cluster_id"] for q in queries).values())
+            if largest - 1 > serve.predict_max_neighbours:
+                raise RequestRefused(f"at most {serve.predict_max_neighbours + 1} queries of a batch may share a "
+                                     f"cluster (serve.predict_max_neighbours + 1), got {largest}", field="queries")
+        frame = _predict_frame(rt, kind, predictor, queries)
+        stage_s = predictor.stage.predict(predictor._masked(frame))
+        seconds = stage_s if predictor.net is None else np.exp(predictor.predict_log_with(frame, stage_s,
+                                                                                           neighbours="all"))
         metrics.decisions.labels("predict", "ok").inc()
-        return {"latency_s": latency, "isolated_latency_s": float(predictor.stage.predict(frame)[0]), "model": kind,
-                "model_version": rt.slots[kind].version, "fallback": kind != ModelKind.ICONQ}
+        out = {"model": kind, "model_version": rt.slots[kind].version, "fallback": kind != ModelKind.ICONQ}
+        if batch:
+            return {**out, "predictions": [{"latency_s": float(a), "isolated_latency_s": float(b)}
+                                           for a, b in zip(seconds, stage_s, strict=True)]}
+        return {**out, "latency_s": float(seconds[0]), "isolated_latency_s": float(stage_s[0])}
 
     # route and complete run on the event loop, like admit: they hold the runtime's lock throughout anyway, and a
     # worker-thread hop per call costs more CPU than the decision itself when replicas share a machine's cores
@@ -696,7 +780,9 @@ def create_app(cfg: RuntimeConfig, *, token: str | None, templates: Any = None, 
 
     front = FrontDoor(app, protected, app.routes, needs_auth, token,
                       FrontSettings(max_body_bytes=serve.max_body_bytes, body_timeout_s=serve.body_timeout_s,
-                                    public_max_in_flight=serve.public_max_in_flight),
+                                    public_max_in_flight=serve.public_max_in_flight,
+                                    large_body_paths=("/v1/predict",),
+                                    large_body_bytes=max(serve.predict_max_body_bytes, serve.max_body_bytes)),
                       lambda label, seconds: metrics.latency.labels(label).observe(seconds))
     front.fastapi = app  # the inner app, for OpenAPI and tests
     front.admission = protected
@@ -713,20 +799,39 @@ def _check_class(rt: Runtime, klass: str) -> None:
         raise RequestRefused(f"unknown class {klass!r} (classes: {', '.join(known)})", field="class")
 
 
-def _what_if(templates: Any, body: PredictBody) -> Any:
-    """A log-shaped frame: the query at 0 and its neighbours at their offsets, all on one cluster."""
+def _what_if_rows(body: PredictBody) -> list[dict[str, Any]]:
+    """One query at 0 and its neighbours at their offsets, all on one cluster, as batch rows."""
+    items = [(body.template, body.sql, 0.0), *((n.template, n.sql, n.offset_s) for n in body.neighbours)]
+    zero = min(offset for _, _, offset in items)
+    return [{"template": name, "sql": sql, "cluster_size": body.cluster_size, "cluster_id": "what-if",
+             "arrival_s": offset - zero, "catalog": body.catalog, "schema": body.schema_}
+            for name, sql, offset in items]
+
+
+def _batch_rows(body: PredictBody) -> list[dict[str, Any]]:
+    """A batch's queries as rows; a query without a cluster id runs alone."""
+    return [{"template": q.template, "sql": q.sql, "cluster_size": q.cluster_size,
+             "cluster_id": q.cluster_id if q.cluster_id is not None else f"alone-{i}", "arrival_s": q.arrival_s,
+             "catalog": q.catalog, "schema": q.schema_} for i, q in enumerate(body.queries)]
+
+
+def _predict_frame(rt: Runtime, kind: str, predictor: Any, queries: list[dict[str, Any]]) -> Any:
+    """The log-shaped frame of ``queries``: features from the template table, or from SQL text as training
+    built them; a model that cannot read SQL refuses it with what to train (422, field ``sql``)."""
     import pandas as pd
 
-    by_name = templates.set_index("template", drop=False)
-    items = [(body.template, 0.0), *((n.template, n.offset_s) for n in body.neighbours)]
-    zero = min(offset for _, offset in items)
-    rows = []
-    for i, (name, offset) in enumerate(items):
-        row = by_name.loc[name].to_dict()
-        row.update(query_id=i, cluster_id="what-if", cluster_size=body.cluster_size, arrival_s=offset - zero,
-                   start_s=offset - zero, end_s=float("nan"))
-        rows.append(row)
-    return pd.DataFrame(rows)
+    from sloctl.core.errors import FeatureError
+    from sloctl.models.predictor import queries_frame
+
+    rows = pd.DataFrame(queries)
+    try:
+        frame = queries_frame(rows, rt.templates_for(kind), source="request", sql=predictor.sql_features)
+        predictor.check_features(frame)
+    except FeatureError as exc:
+        raise RequestRefused(str(exc), status=422, field="sql") from None
+    except ValueError as exc:
+        raise RequestRefused(str(exc).removeprefix("request: "), status=422, field="queries") from None
+    return frame
 
 
 def _status_html(rt: Runtime) -> str:

@@ -149,3 +149,33 @@ def test_data_parallel_training_on_two_cpu_processes_registers_a_model(workdir, 
     assert run.data.params["iconq_devices"] == "2" and float(run.data.metrics["train_samples_per_s"]) > 0
     bad = run_sloctl("train", "iconq", "--log", "log.parquet", "--devices", "0", "--no-register", cwd=workdir)
     assert bad.returncode == 2 and "--devices" in bad.stderr
+
+
+def test_a_model_trained_on_text_features_predicts_a_file_of_sql(tmp_path, text_log, run_sloctl):
+    import pandas as pd
+
+    from sloctl.datasets.sql_features import catalog_metadata
+    from sloctl.registry.bundles import load_predictor
+
+    log, catalog = text_log
+    write_log(log, tmp_path / "text.parquet", metadata={"catalog": catalog_metadata(catalog), "dialect": "duckdb"})
+    out = run_sloctl("train", "stage", "--log", "text.parquet", "--features", "text+catalog", "--no-register",
+                     "--out", "bundle", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    model = load_predictor(tmp_path / "bundle")
+    assert model.feature_source == "text+catalog" and model.sql.catalog.tables == catalog.tables
+    queries = pd.DataFrame({"sql": ["SELECT count(*) FROM lineitem", "SELECT * FROM nation JOIN region ON "
+                                    "n_regionkey = r_regionkey"], "cluster_size": [1, 2], "arrival_s": [0.0, 1.0]})
+    queries.to_csv(tmp_path / "sql.csv", index=False)
+    out = run_sloctl("predict", "--input", "sql.csv", "--out", "p.csv", "--model", "bundle", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = pd.read_csv(tmp_path / "p.csv")
+    assert list(got["sql"]) == list(queries["sql"]) and (got["predicted_latency_s"] > 0).all()
+    # only the text counts, from a log that has the catalog's too; and a group that does not exist
+    out = run_sloctl("train", "stage", "--log", "text.parquet", "--features", "text", "--no-register", "--out",
+                     "text_only", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert load_predictor(tmp_path / "text_only").feature_source == "text"
+    out = run_sloctl("train", "stage", "--log", "text.parquet", "--features", "text+plans", "--no-register",
+                     cwd=tmp_path)
+    assert out.returncode == 2 and "--features" in out.stderr and "plan, text, catalog" in out.stderr
