@@ -179,6 +179,10 @@ class IconqSection:
         accelerator: Lightning's ``cpu``, ``gpu`` or ``auto``.
         devices: data-parallel processes (Lightning DDP, spawned); each
             trains on every ``devices``-th batch and validates on all.
+        ray_address: train under Ray Train instead, ``devices`` workers of
+            the Ray cluster at this address (``ray://head:10001``, ``auto``,
+            ``head:6379``), or ``local``: a Ray instance started on this
+            machine. ``null``: Lightning alone.
     """
 
     variant: IconqVariant = "iconq_plus"
@@ -201,6 +205,7 @@ class IconqSection:
     max_val_rows: int | None = 20_000
     accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
     devices: int = 1
+    ray_address: str | None = None
     max_epochs: int = 100
     patience: int = 5
     grad_clip: float = 2.0
@@ -221,6 +226,9 @@ class IconqSection:
         if self.max_train_s is not None and not (0 < self.max_train_s <= 30 * 86_400):
             raise ConfigError(f"key 'iconq.max_train_s' must be seconds in (0, 2592000] or null (no budget), "
                               f"got {self.max_train_s!r}.")
+        if self.ray_address is not None and (not self.ray_address or any(c.isspace() for c in self.ray_address)):
+            raise ConfigError(f"key 'iconq.ray_address' must be a Ray address (local, auto, ray://HOST:PORT) or "
+                              f"null (no Ray), got {self.ray_address!r}.")
 
 
 @dataclass(frozen=True)

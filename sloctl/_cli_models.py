@@ -185,6 +185,10 @@ def train_iconq_cmd(
                                            "iconq.accelerator)."),
     devices: int | None = typer.Option(None, "--devices", help="Data-parallel training processes (Lightning DDP, "
                                        "spawned; on CPUs each takes its share of the cores; config: iconq.devices)."),
+    ray_address: str | None = typer.Option(None, "--ray-address", help="Train under Ray Train instead, --devices "
+                                           "workers: 'local' starts Ray on this machine; else the cluster's address "
+                                           "(ray://head:10001, auto). Needs the ray extra (config: "
+                                           "iconq.ray_address)."),
     name: str = typer.Option("iconq", help="Registered model name (e.g. iconq-sf1 for a model of another scale "
                              "factor than the 'iconq' champion's)."),
     features: str | None = FeaturesOption,
@@ -209,9 +213,10 @@ def train_iconq_cmd(
         raise typer.BadParameter(f"expected cpu, gpu or auto; got {accelerator!r}", param_hint="--accelerator")
     if devices is not None and devices < 1:
         raise typer.BadParameter(f"must be >= 1; got {devices}", param_hint="--devices")
+    _check_ray_address(ray_address)
     overrides = {k: v for k, v in {"variant": variant, "max_epochs": max_epochs, "seed": seed,
                                    "max_train_s": max_train_s, "accelerator": accelerator,
-                                   "devices": devices}.items() if v is not None}
+                                   "devices": devices, "ray_address": ray_address}.items() if v is not None}
     if "variant" in overrides and overrides["variant"] not in ("iconq", "size", "censored", "iconq_plus"):
         raise typer.BadParameter(f"expected iconq, size, censored or iconq_plus; got {variant!r}",
                                  param_hint="--variant")
@@ -222,6 +227,19 @@ def train_iconq_cmd(
     result.predictor.sql = sql
     _print_metrics(f"Iconq ({iconq_cfg.variant}) Q-error on {describe_logs(log)}", result.metrics, err=as_json)
     _finish_training(result, frame, name, describe_logs(log), cfg, register, out, metadata, as_json=as_json)
+
+
+def _check_ray_address(address: str | None) -> None:
+    """Refuse an empty ``--ray-address``, or any when Ray is not installed, before the log is read."""
+    if address is None:
+        return
+    if not address.strip() or any(c.isspace() for c in address):
+        raise typer.BadParameter(f"expected local, auto or a Ray cluster's address (ray://head:10001); "
+                                 f"got {address!r}", param_hint="--ray-address")
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        raise typer.BadParameter("Ray is not installed: pip install 'sloctl[ray]'", param_hint="--ray-address")
 
 
 def _train_iconq_with_progress(frame, cfg, iconq_cfg, progress: bool):

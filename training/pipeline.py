@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from sloctl.core.config import IconqSection
 
 __all__ = ["CURVE_ROWS", "OBJECTIVES", "CurvePoint", "StageObjective", "TrainResult", "batch_plan", "curve_rows",
-           "data_hash", "evaluate_predictor", "iconq_splits", "learn_iconq", "split_rows", "train_iconq",
-           "train_iconq_curve", "train_stage"]
+           "data_hash", "evaluate_predictor", "fit_iconq_module", "iconq_splits", "learn_iconq", "split_rows",
+           "train_iconq", "train_iconq_curve", "train_stage"]
 
 SPLITS = ("train", "val", "test")
 #: What each model is selected on: the champion gate's metric and the Optuna studies' objective.
@@ -246,8 +246,10 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     Args:
         log: a validated query log.
         stage_config: settings of the Stage sub-model.
-        cfg: variant, network size, optimiser, split.
-        callbacks: extra Lightning callbacks (e.g. Optuna pruning).
+        cfg: variant, network size, optimiser, split, and where it trains (``devices``; ``ray_address``:
+            under Ray Train, :mod:`sloctl.training.ray_train`).
+        callbacks: extra Lightning callbacks (e.g. Optuna pruning); with ``devices > 1`` or Ray they
+            travel to other processes, pickled.
         progress: show Lightning's progress bar.
         on_epoch: called with (epoch, val_loss) after each validation.
         on_batch: called after each training batch with (epoch, samples done
@@ -258,8 +260,6 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
             margin calibrated on ``log`` at this quantile (``None``: no margin).
     """
     import lightning as L
-    import torch
-    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
     from sloctl.models.batches import IconqInputs, IconqSamples, predict_samples
     from sloctl.models.iconq import IconqConfig
@@ -268,7 +268,6 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         IconqDataModule,
         IconqLightning,
         LineProgress,
-        SampleRate,
         TrainingProgress,
     )
 
@@ -306,41 +305,35 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     batch_size, lr = batch_plan(cfg, len(train_ds))
     L.seed_everything(cfg.seed, verbose=False)
     module = IconqLightning(asdict(net_config), lr=lr, weight_decay=cfg.weight_decay, lr_gamma=cfg.lr_gamma)
-    if cfg.devices > 1:  # spawned processes cannot call back into this one: they print their own progress
+    if cfg.devices > 1 or cfg.ray_address is not None:
+        # spawned processes and Ray workers cannot call back into this one: they print their own progress
         epoch_hook = [LineProgress(len(train_ds))] if on_epoch or on_batch else []
     else:
         epoch_hook = [EpochReporter(on_epoch)] if on_epoch else []
         if on_batch is not None:
             epoch_hook.append(TrainingProgress(on_batch, len(train_ds)))
-    with tempfile.TemporaryDirectory(prefix="sloctl-iconq-") as ckpt_dir:
-        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, monitor="val_loss", mode="min", save_top_k=1)
-        stopper = EarlyStopping("val_loss", patience=cfg.patience, mode="min")
-        trainer = L.Trainer(
-            max_epochs=cfg.max_epochs, accelerator=cfg.accelerator, devices=cfg.devices, logger=False,
-            deterministic=True,
-            # a batch whose queries all lack after-neighbours leaves the after-LSTM out of the graph
-            strategy="ddp_spawn_find_unused_parameters_true" if cfg.devices > 1 else "auto",
-            use_distributed_sampler=False,  # IconqDataModule shards its own batches
-            gradient_clip_val=cfg.grad_clip, enable_progress_bar=progress, enable_model_summary=False,
-            num_sanity_val_steps=0, default_root_dir=ckpt_dir,
-            max_time=None if cfg.max_train_s is None else {"seconds": cfg.max_train_s},
-            val_check_interval=check_interval(cfg, len(train_ds), batch_size),
-            callbacks=[stopper, checkpoint, SampleRate(), *epoch_hook, *(callbacks or [])])
-        trainer.fit(module, datamodule=IconqDataModule(train_ds, val_ds, batch_size, cfg.seed,
-                                                       workers=cfg.loader_workers))
-        if checkpoint.best_model_path:
-            state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
-            module.load_state_dict(state)
-        # SampleRate's figures, which come back from spawned data-parallel processes too
-        fit = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("fit_")}
-        epochs = int(fit["fit_epochs"])
-        stopped_by = ("early_stopping" if fit["fit_early_stopped"] else
-                      "max_epochs" if epochs >= cfg.max_epochs else
-                      "max_train_s" if cfg.max_train_s is not None else "other")
+    data = IconqDataModule(train_ds, val_ds, batch_size, cfg.seed, workers=cfg.loader_workers)
+    interval = check_interval(cfg, len(train_ds), batch_size)
+    if cfg.ray_address is not None:
+        from sloctl.training.ray_train import fit_on_ray
+
+        state, fit, best_val_loss = fit_on_ray(module, data, cfg, [*epoch_hook, *(callbacks or [])],
+                                               val_check_interval=interval)
+    else:
+        state, fit, best_val_loss = fit_iconq_module(module, data, cfg, [*epoch_hook, *(callbacks or [])],
+                                                     progress=progress, val_check_interval=interval)
+    module.load_state_dict(state)
+    for hook in callbacks or []:  # a pruning decided in other processes is read back from the study's storage
+        if hasattr(hook, "check_pruned"):
+            hook.check_pruned()
+    epochs = int(fit["fit_epochs"])
+    stopped_by = ("early_stopping" if fit["fit_early_stopped"] else
+                  "max_epochs" if epochs >= cfg.max_epochs else
+                  "max_train_s" if cfg.max_train_s is not None else "other")
     net = module.net.eval()
     predictor = LatencyPredictor(stage, scaler, net, variant,
                                  feature_columns=used_features(log.iloc[splits["train"]]))
-    metrics: dict[str, float] = {"epochs": float(epochs), "best_val_loss": float(checkpoint.best_model_score or np.nan),
+    metrics: dict[str, float] = {"epochs": float(epochs), "best_val_loss": best_val_loss,
                                  "train_samples": float(len(train_ds)),
                                  "train_samples_per_s": (fit["fit_samples"] / fit["fit_train_s"]
                                                          if fit["fit_train_s"] > 0 else float("nan")),
@@ -358,6 +351,62 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
               **{f"stage_{k}": v for k, v in asdict(stage_config).items()}}
     predictor = _with_router_data(predictor, log, risk_quantile, metrics, params)
     return TrainResult(predictor=predictor, metrics=metrics, params=params, data_hash=data_hash(log), splits=splits)
+
+
+def fit_iconq_module(module: Any, data: Any, cfg: IconqSection, callbacks: list[Any], *, progress: bool = False,
+                     val_check_interval: float | int = 1.0, prepare: Callable[[Any], Any] | None = None,
+                     **trainer_args: Any) -> tuple[dict[str, Any], dict[str, float], float]:
+    """One Lightning fit of Iconq+: early stopping on ``val_loss``, the best checkpoint, :class:`SampleRate`,
+    ``iconq.max_train_s`` as Lightning's ``max_time``, and ``callbacks`` after them.
+
+    Data parallelism is Lightning's DDP over ``cfg.devices`` spawned processes
+    unless ``trainer_args`` (``strategy``, ``plugins``, ``devices``) say
+    otherwise: Ray Train's workers each call this with Ray's strategy and
+    environment, and ``prepare`` (Ray's ``prepare_trainer``) sees the trainer
+    before the fit.
+
+    Args:
+        module: an ``IconqLightning``; it ends with the last step's weights.
+        data: an ``IconqDataModule`` (it shards batches by the trainer's ranks).
+        cfg: epochs, patience, accelerator, devices, gradient clipping, time budget.
+        callbacks: further Lightning callbacks (progress, pruning).
+        progress: Lightning's progress bar.
+        val_check_interval: Lightning's, from :func:`check_interval`.
+
+    Returns:
+        The best checkpoint's state_dict (on the first process; the last
+        weights where none was saved), SampleRate's ``fit_*`` figures and the
+        best ``val_loss`` (NaN where this process does not know it).
+    """
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from sloctl.training.lightning import SampleRate
+
+    with tempfile.TemporaryDirectory(prefix="sloctl-iconq-") as ckpt_dir:
+        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, monitor="val_loss", mode="min", save_top_k=1)
+        stopper = EarlyStopping("val_loss", patience=cfg.patience, mode="min")
+        args = {"devices": cfg.devices,
+                # a batch whose queries all lack after-neighbours leaves the after-LSTM out of the graph
+                "strategy": "ddp_spawn_find_unused_parameters_true" if cfg.devices > 1 else "auto", **trainer_args}
+        trainer = L.Trainer(
+            max_epochs=cfg.max_epochs, accelerator=cfg.accelerator, logger=False, deterministic=True,
+            use_distributed_sampler=False,  # IconqDataModule shards its own batches
+            gradient_clip_val=cfg.grad_clip, enable_progress_bar=progress, enable_model_summary=False,
+            num_sanity_val_steps=0, default_root_dir=ckpt_dir,
+            max_time=None if cfg.max_train_s is None else {"seconds": cfg.max_train_s},
+            val_check_interval=val_check_interval, callbacks=[stopper, checkpoint, SampleRate(), *callbacks], **args)
+        if prepare is not None:
+            trainer = prepare(trainer)
+        trainer.fit(module, datamodule=data)
+        if checkpoint.best_model_path and trainer.is_global_zero:  # only the first process wrote it
+            state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
+        else:
+            state = module.state_dict()
+        # SampleRate's figures, which come back from spawned data-parallel processes too
+        fit = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("fit_")}
+        return state, fit, float(checkpoint.best_model_score or np.nan)
 
 
 def iconq_splits(log: pd.DataFrame, cfg: IconqSection) -> dict[str, np.ndarray]:
