@@ -179,6 +179,11 @@ class IconqSection:
         accelerator: Lightning's ``cpu``, ``gpu`` or ``auto``.
         devices: data-parallel processes (Lightning DDP, spawned); each
             trains on every ``devices``-th batch and validates on all.
+        precision: Lightning's training precision: ``32-true``,
+            ``bf16-mixed`` (autocast to bfloat16 where it is safe, weights
+            and the saved model in float32; fast on CPUs with AVX-512 BF16
+            or AMX and on GPUs), or ``auto``: bf16-mixed for batches of 512
+            and more where the hardware computes bfloat16 natively, else 32-true.
         ray_address: train under Ray Train instead, ``devices`` workers of
             the Ray cluster at this address (``ray://head:10001``, ``auto``,
             ``head:6379``), or ``local``: a Ray instance started on this
@@ -194,7 +199,7 @@ class IconqSection:
     weight_decay: float = 2e-5
     lr_gamma: float = 0.9
     batch_size: int = 32
-    max_batch_size: int = 256
+    max_batch_size: int = 1024
     lr_scaling: Literal["sqrt", "none"] = "sqrt"
     max_train_s: float | None = None
     loader_workers: int = 0
@@ -204,6 +209,7 @@ class IconqSection:
     check_every_samples: int = 250_000
     max_val_rows: int | None = 20_000
     accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
+    precision: Literal["auto", "32-true", "bf16-mixed"] = "auto"
     devices: int = 1
     ray_address: str | None = None
     max_epochs: int = 100

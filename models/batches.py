@@ -113,11 +113,19 @@ class IconqSamples(Dataset):
     PyTorch's ``DataLoader`` fetches a batch sampler's indices at once through
     ``__getitems__``, so building a batch is a handful of array operations
     (in loader workers when there are some), never a Python step per sample.
+
+    With ``shared``, a batch holds each of its queries once (all its
+    before-neighbours, the most after-neighbours its samples keep) and maps
+    samples to them (``owner``, ``take_after``), for
+    :meth:`~sloctl.models.iconq.IconqNet.forward_shared`: a query's full
+    sample and its censored prefixes then cost one neighbour pass (batch them
+    together: :meth:`groups` for :class:`BucketBatchSampler`).
     """
 
-    def __init__(self, inputs: IconqInputs, table: SampleTable) -> None:
+    def __init__(self, inputs: IconqInputs, table: SampleTable, *, shared: bool = False) -> None:
         self.inputs = inputs
         self.table = table
+        self.shared = shared
 
     def __len__(self) -> int:
         return len(self.table)
@@ -128,7 +136,16 @@ class IconqSamples(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
         idx = np.asarray(indices, dtype=np.int64)
         t = self.table
-        batch = self.inputs.batch(t.row[idx], after_len=t.after_len[idx])
+        if self.shared:
+            queries, owner = np.unique(t.row[idx], return_inverse=True)
+            take = t.after_len[idx].astype(np.int64)
+            longest = np.zeros(len(queries), np.int64)
+            np.maximum.at(longest, owner, take)
+            batch = self.inputs.batch(queries, after_len=longest)
+            batch["owner"] = torch.from_numpy(owner.astype(np.int64))
+            batch["take_after"] = torch.from_numpy(take)
+        else:
+            batch = self.inputs.batch(t.row[idx], after_len=t.after_len[idx])
         batch["label_log"] = torch.from_numpy(t.label_log[idx].astype(np.float32))
         batch["censored"] = torch.from_numpy(t.censored[idx])
         batch["full"] = torch.from_numpy(t.full[idx])
@@ -137,6 +154,10 @@ class IconqSamples(Dataset):
     def lengths(self) -> np.ndarray:
         """Each sample's steps: before-neighbours plus the after-neighbours it keeps."""
         return self.inputs.index.before_len()[self.table.row] + self.table.after_len
+
+    def groups(self) -> np.ndarray | None:
+        """With ``shared``, each sample's query (row): the samples a batch should hold together; else ``None``."""
+        return self.table.row if self.shared else None
 
 
 def identity(batch: Any) -> Any:
@@ -169,10 +190,15 @@ class BucketBatchSampler(Sampler[list[int]]):
         shuffle: random pools (training) or the length order (evaluation).
         seed: the permutation's seed (epoch ``e`` uses ``seed + e``).
         pool_batches: batches per sorted pool (larger: less padding, less randomness).
+        groups: per sample, a group (its query) whose samples always share a
+            batch: groups are shuffled and sorted by their longest sample, and
+            a batch closes at the first group that brings it to ``batch_size``
+            samples (so it may hold a few more).
     """
 
     def __init__(self, lengths: np.ndarray, batch_size: int, *, shuffle: bool = True, seed: int = 0,
-                 pool_batches: int = 50, num_replicas: int = 1, rank: int = 0) -> None:
+                 pool_batches: int = 50, num_replicas: int = 1, rank: int = 0,
+                 groups: np.ndarray | None = None) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"The 'batch_size' parameter of BucketBatchSampler must be an int >= 1, "
                              f"got {batch_size!r}.")
@@ -184,11 +210,58 @@ class BucketBatchSampler(Sampler[list[int]]):
         self.num_replicas = num_replicas
         self.rank = rank
         self.sampler = _Epoch()  # Lightning sets the epoch on ``batch_sampler.sampler``
+        self._cache: tuple[int, list[np.ndarray]] | None = None
+        self._groups = None
+        if groups is not None:
+            groups = np.asarray(groups)
+            if groups.shape != self.lengths.shape:
+                raise ValueError(f"The 'groups' parameter of BucketBatchSampler must have one entry per sample "
+                                 f"({len(self.lengths)}), got {groups.shape}.")
+            order = np.argsort(groups, kind="stable")
+            starts = np.flatnonzero(np.r_[True, groups[order][1:] != groups[order][:-1]])
+            self._groups = (order, starts, np.maximum.reduceat(self.lengths[order], starts) if len(order) else
+                            np.empty(0, self.lengths.dtype))
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
+    def _grouped(self) -> list[np.ndarray]:
+        """Batches of whole groups (see ``groups``), in the same pools-of-similar-lengths scheme."""
+        order, starts, longest = self._groups
+        ends = np.r_[starts[1:], len(order)]
+        sizes = ends - starts
+        k = len(starts)
+        if self.shuffle:
+            rng = np.random.default_rng(self.seed + self.sampler.epoch)
+            perm = rng.permutation(k)
+        else:
+            rng, perm = None, np.argsort(longest, kind="stable")
+        per_batch = max(1, int(round(self.batch_size / max(sizes.mean(), 1.0)))) if k else 1
+        pool = per_batch * self.pool_batches if self.shuffle else max(k, 1)
+        batches: list[np.ndarray] = []
+        for i in range(0, k, pool):
+            chunk = perm[i:i + pool]
+            chunk = chunk[np.argsort(longest[chunk], kind="stable")]
+            total = np.cumsum(sizes[chunk])
+            # close a batch at the first group that brings it to batch_size samples
+            cut, first = [], 0
+            while first < len(chunk):
+                base = total[first - 1] if first else 0
+                last = int(np.searchsorted(total, base + self.batch_size, side="left"))
+                cut.append((first, min(last, len(chunk) - 1) + 1))
+                first = cut[-1][1]
+            for a, b in cut:
+                picked = chunk[a:b]
+                batches.append(np.concatenate([order[starts[g]:ends[g]] for g in picked]))
+        if rng is not None:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return batches
+
     def _batches(self) -> list[np.ndarray]:
+        if self._groups is not None:
+            if self._cache is None or self._cache[0] != self.sampler.epoch:
+                self._cache = (self.sampler.epoch, self._grouped())
+            return self._cache[1]
         n = len(self.lengths)
         if not self.shuffle:
             order = np.argsort(self.lengths, kind="stable")
@@ -209,6 +282,8 @@ class BucketBatchSampler(Sampler[list[int]]):
             yield b.tolist()
 
     def __len__(self) -> int:
+        if self._groups is not None:
+            return len(self._batches()) // self.num_replicas
         n = len(self.lengths)
         pool = self.batch_size * self.pool_batches if self.shuffle else max(n, 1)  # evaluation: one sorted pool
         full, rest = divmod(n, pool)

@@ -138,6 +138,53 @@ class IconqNet(nn.Module):
         h = out[torch.arange(B, device=x.device), last]  # (B, H)
         return torch.where((lengths > 0).unsqueeze(1), h, torch.zeros_like(h))
 
+    def forward_shared(self, self_x: Tensor, before_x: Tensor, before_len: Tensor, after_x: Tensor,
+                       after_len: Tensor, base_log: Tensor, owner: Tensor, take_after: Tensor) -> Tensor:
+        """Predict log latencies of samples that share their queries' neighbour passes.
+
+        The first six inputs describe ``U`` queries, each with all its
+        before-neighbours and the most after-neighbours any of its samples
+        keeps (as :meth:`forward` reads them); sample ``b`` is query
+        ``owner[b]`` with its first ``take_after[b]`` after-neighbours. In
+        arrival order a prefix's summary is the after-LSTM's state at step
+        ``take_after - 1`` of the whole sequence, so the full sample of a
+        query and its censored prefixes (section 4.3) cost one pass, not one
+        each; the result equals :meth:`forward` on the samples one by one.
+        Only for ``after_order == "chronological"`` (a reversed prefix is not
+        a prefix of the reversed sequence).
+
+        Args:
+            owner: (B,) indices into the ``U`` queries.
+            take_after: (B,) after-neighbours each sample keeps, in ``[0, after_len[owner]]``.
+
+        Returns:
+            Predicted log latency of each sample, (B,).
+        """
+        if self.config.after_order != "chronological":
+            raise ValueError("forward_shared needs after_order 'chronological' (a reversed prefix is not a prefix "
+                             f"of the reversed sequence), got {self.config.after_order!r}.")
+        owner = owner.to(device=self_x.device, dtype=torch.long)
+        take = take_after.to(device=self_x.device, dtype=torch.long)
+        U, B = self_x.shape[0], owner.shape[0]
+        if owner.shape != take.shape or (B and (int(owner.min()) < 0 or int(owner.max()) >= U)):
+            raise ValueError(f"owner must index the {U} queries and match take_after's shape {tuple(take.shape)}.")
+        after_len = after_len.to(device=self_x.device, dtype=torch.long)
+        if B and (int(take.min()) < 0 or bool((take > after_len[owner]).any())):
+            raise ValueError("take_after must lie in [0, after_len[owner]] for every sample.")
+        self_e = self.self_embed(self_x)  # (U, E)
+        h_before = self.summarize(self.before_lstm, before_x, before_len)  # (U, H)
+        H = self.after_lstm.hidden_size
+        if after_x.shape[1] == 0 or B == 0:
+            h_after = self_e.new_zeros(B, H)
+        else:
+            if self.config.pair_dim != after_x.shape[2]:
+                raise ValueError(f"Interaction vectors must have {self.config.pair_dim} features, "
+                                 f"got {after_x.shape[2]}.")
+            out, _ = self.after_lstm(self.pair_embed(after_x))  # (U, T, H)
+            h = out[owner, (take - 1).clamp(min=0)]  # (B, H)
+            h_after = torch.where((take > 0).unsqueeze(1), h, torch.zeros_like(h))
+        return self.head_log(self_e[owner], h_before[owner], h_after, base_log.to(self_e.dtype)[owner])
+
     def head_log(self, self_e: Tensor, h_before: Tensor, h_after: Tensor, base_log: Tensor) -> Tensor:
         """Log latency from the self embedding (B, E) and the two summaries (B, H); returns (B,)."""
         z = torch.cat([self_e, h_before, h_after], dim=1)  # (B, E + 2H)

@@ -545,6 +545,7 @@ def _tune(model: str, log: list[Path], trials: int, storage: str | None, study_n
     cfg = load_cli_config(config)
     frame, metadata = read_logs_with_metadata(log)
     started = time.monotonic()
+    say = [echo]  # the progress bar's log while it shows
 
     def on_trial(report) -> None:
         value = "-" if report.value is None else f"{report.value:.4f}"
@@ -553,12 +554,28 @@ def _tune(model: str, log: list[Path], trials: int, storage: str | None, study_n
         elapsed = time.monotonic() - started
         eta = format_duration(elapsed / report.done * (report.total - report.done))
         params = " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in report.params.items())
-        echo(f"trial {report.done}/{report.total} (#{report.number}) {report.state.lower()}{where}: "
-             f"{report.objective} {value}; best {best}; ETA {eta}; {params}")
+        say[0](f"trial {report.done}/{report.total} (#{report.number}) {report.state.lower()}{where}: "
+               f"{report.objective} {value}; best {best}; ETA {eta}; {params}")
 
-    result = tune(model, frame, cfg, trials=trials, storage=storage or cfg.registry.optuna_storage,
-                  study_name=study_name, seed=seed, max_epochs=max_epochs, on_trial=on_trial,
-                  log_path=describe_logs(log))
+    from sloctl.core.progress import progress as open_progress
+
+    with open_progress(f"tune {model}", total=None, heartbeat=model == "stage") as bar:
+        trial_no, say[0] = [0], bar.log
+
+        def on_batch(epoch: int, done: int, total: int, rate: float) -> None:  # an Iconq trial's epoch: a bar
+            if done == 0:
+                bar.restart(total=total, description=f"tune iconq: trial {trial_no[0] + 1}/{trials}, epoch "
+                                                      f"{epoch + 1}/{max_epochs}")
+            else:
+                bar.update(done, note=f"{rate:,.0f} samples/s")
+
+        def on_trial_done(report) -> None:
+            trial_no[0] = report.done
+            on_trial(report)
+
+        result = tune(model, frame, cfg, trials=trials, storage=storage or cfg.registry.optuna_storage,
+                      study_name=study_name, seed=seed, max_epochs=max_epochs, on_trial=on_trial_done,
+                      log_path=describe_logs(log), on_batch=on_batch if model == "iconq" else None)
     summary = {"study": result.study_name, "objective": result.objective, "n_trials": result.n_trials,
                "n_new": result.n_new, "best_value": result.best_value, "best_params": result.best_params,
                "data_hash": result.data_hash, "mlflow_run_id": result.mlflow_run_id}

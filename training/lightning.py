@@ -49,6 +49,10 @@ class IconqLightning(L.LightningModule):
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // trainer.world_size))
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if "owner" in batch:  # samples sharing their queries' neighbour passes (IconqSamples(shared=True))
+            return self.net.forward_shared(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
+                                           batch["after_len"], batch["base_log"], batch["owner"],
+                                           batch["take_after"])
         return self.net(batch["self_x"], batch["before_x"], batch["before_len"], batch["after_x"],
                         batch["after_len"], batch["base_log"])
 
@@ -117,12 +121,13 @@ class IconqDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         replicas, rank = self._replicas()
         sampler = BucketBatchSampler(self.train.lengths(), self.batch_size, shuffle=True, seed=self.seed,
-                                     num_replicas=replicas, rank=rank)
+                                     num_replicas=replicas, rank=rank, groups=self.train.groups())
         return self._loader(self.train, sampler)
 
     def val_dataloader(self) -> DataLoader:
         # every process validates on all of it: the metrics early stopping and checkpoints read agree everywhere
-        sampler = BucketBatchSampler(self.val.lengths(), max(4 * self.batch_size, 256), shuffle=False)
+        sampler = BucketBatchSampler(self.val.lengths(), max(4 * self.batch_size, 256), shuffle=False,
+                                     groups=self.val.groups())
         return self._loader(self.val, sampler)
 
 

@@ -16,7 +16,7 @@ import hashlib
 import math
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -291,8 +291,10 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
                          variant.size_features, neighbour_index(log))
 
     def dataset(rows: np.ndarray, censored: bool, seed: int) -> IconqSamples:
+        # in arrival order a query's censored prefixes share its full sample's neighbour passes
         return IconqSamples(inputs, sample_table(log, rows, censored=censored, partial_per_query=cfg.partial_per_query,
-                                                 seed=seed, index=inputs.index))
+                                                 seed=seed, index=inputs.index),
+                            shared=censored and variant.after_order == "chronological")
 
     train_ds = dataset(splits["train"], variant.censored, cfg.seed)
     val_ds = dataset(watched_rows(splits["val"], cfg), variant.censored, cfg.seed + 1)
@@ -303,6 +305,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
                              embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim, head_dim=cfg.head_dim,
                              dropout=cfg.dropout, after_order=variant.after_order)
     batch_size, lr = batch_plan(cfg, len(train_ds))
+    precision = precision_plan(cfg, batch_size)
+    fit_cfg = replace(cfg, precision=precision)
     L.seed_everything(cfg.seed, verbose=False)
     module = IconqLightning(asdict(net_config), lr=lr, weight_decay=cfg.weight_decay, lr_gamma=cfg.lr_gamma)
     if cfg.devices > 1 or cfg.ray_address is not None:
@@ -317,10 +321,10 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     if cfg.ray_address is not None:
         from sloctl.training.ray_train import fit_on_ray
 
-        state, fit, best_val_loss = fit_on_ray(module, data, cfg, [*epoch_hook, *(callbacks or [])],
+        state, fit, best_val_loss = fit_on_ray(module, data, fit_cfg, [*epoch_hook, *(callbacks or [])],
                                                val_check_interval=interval)
     else:
-        state, fit, best_val_loss = fit_iconq_module(module, data, cfg, [*epoch_hook, *(callbacks or [])],
+        state, fit, best_val_loss = fit_iconq_module(module, data, fit_cfg, [*epoch_hook, *(callbacks or [])],
                                                      progress=progress, val_check_interval=interval)
     module.load_state_dict(state)
     for hook in callbacks or []:  # a pruning decided in other processes is read back from the study's storage
@@ -347,7 +351,8 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         eval_rows = ds.table.row
         metrics.update(_summaries(name, pred, actual[eval_rows], neighbours[eval_rows]))
     params = {"model": "iconq", "variant": variant.name, **{f"iconq_{k}": v for k, v in asdict(cfg).items()},
-              "iconq_batch_size_used": batch_size, "iconq_lr_used": lr, "iconq_stopped_by": stopped_by,
+              "iconq_batch_size_used": batch_size, "iconq_lr_used": lr, "iconq_precision_used": precision,
+              "iconq_stopped_by": stopped_by,
               **{f"stage_{k}": v for k, v in asdict(stage_config).items()}}
     predictor = _with_router_data(predictor, log, risk_quantile, metrics, params)
     return TrainResult(predictor=predictor, metrics=metrics, params=params, data_hash=data_hash(log), splits=splits)
@@ -392,6 +397,7 @@ def fit_iconq_module(module: Any, data: Any, cfg: IconqSection, callbacks: list[
                 "strategy": "ddp_spawn_find_unused_parameters_true" if cfg.devices > 1 else "auto", **trainer_args}
         trainer = L.Trainer(
             max_epochs=cfg.max_epochs, accelerator=cfg.accelerator, logger=False, deterministic=True,
+            precision=cfg.precision,
             use_distributed_sampler=False,  # IconqDataModule shards its own batches
             gradient_clip_val=cfg.grad_clip, enable_progress_bar=progress, enable_model_summary=False,
             num_sanity_val_steps=0, default_root_dir=ckpt_dir,
@@ -526,6 +532,27 @@ def check_interval(cfg: IconqSection, n_samples: int, batch_size: int) -> float 
     batches = -(-n_samples // batch_size) // cfg.devices
     every = -(-cfg.check_every_samples // per_step)
     return 1.0 if every >= batches else int(every)
+
+
+#: The smallest batch at which ``iconq.precision: auto`` trains in bfloat16 (smaller ones gain little).
+BF16_MIN_BATCH = 512
+
+
+def precision_plan(cfg: IconqSection, batch_size: int) -> str:
+    """Lightning's precision for a fit: ``iconq.precision``, or for ``auto`` ``bf16-mixed`` when the batch
+    is at least :data:`BF16_MIN_BATCH` and the hardware computes bfloat16 natively (CPUs with AVX-512 BF16
+    or AMX, GPUs that support it), else ``32-true`` (small logs train exactly as before)."""
+    if cfg.precision != "auto":
+        return cfg.precision
+    if batch_size < BF16_MIN_BATCH:
+        return "32-true"
+    import torch
+
+    if cfg.accelerator == "gpu" or (cfg.accelerator == "auto" and torch.cuda.is_available()):
+        native = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    else:
+        native = torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return "bf16-mixed" if native else "32-true"
 
 
 def batch_plan(cfg: IconqSection, n_samples: int) -> tuple[int, float]:

@@ -134,7 +134,8 @@ def _stage_trial(trial: Any, log: pd.DataFrame, cfg: StudyConfig) -> float:
     return result.metrics[objective_of("stage", stage)]
 
 
-def _iconq_trial(trial: Any, log: pd.DataFrame, cfg: StudyConfig, max_epochs: int) -> float:
+def _iconq_trial(trial: Any, log: pd.DataFrame, cfg: StudyConfig, max_epochs: int,
+                 on_batch: Callable[[int, int, int, float], None] | None = None) -> float:
     from optuna_integration import PyTorchLightningPruningCallback
 
     trial.suggest_categorical("hidden_dim", [32, 64, 128])
@@ -145,7 +146,7 @@ def _iconq_trial(trial: Any, log: pd.DataFrame, cfg: StudyConfig, max_epochs: in
     iconq = _iconq_config(cfg.iconq, trial.params, max_epochs)
     pruning = PyTorchLightningPruningCallback(trial, monitor=OBJECTIVES["iconq"])  # raises TrialPruned in fit
     # a trial's model is scored, not served: no router margin to calibrate
-    result = train_iconq(log, cfg.stage, iconq, callbacks=[pruning], risk_quantile=None)
+    result = train_iconq(log, cfg.stage, iconq, callbacks=[pruning], risk_quantile=None, on_batch=on_batch)
     return result.metrics[OBJECTIVES["iconq"]]
 
 
@@ -213,8 +214,8 @@ def _parent_run(mlflow: Any, study: Any, model: str, log_hash: str) -> Any:
 
 def tune(model: str, log: pd.DataFrame, cfg: StudyConfig, *, trials: int, storage: str, study_name: str,
          seed: int = 0, max_epochs: int = 30, log_to_mlflow: bool = True,
-         on_trial: Callable[[TrialReport], None] | None = None, log_path: str = "", pruner: Any = None
-         ) -> StudyResult:
+         on_trial: Callable[[TrialReport], None] | None = None, log_path: str = "", pruner: Any = None,
+         on_batch: Callable[[int, int, int, float], None] | None = None) -> StudyResult:
     """Run ``trials`` more trials of the ``model`` study (created or resumed).
 
     Args:
@@ -228,6 +229,9 @@ def tune(model: str, log: pd.DataFrame, cfg: StudyConfig, *, trials: int, storag
         max_epochs: epochs per Iconq trial (recorded with the study).
         log_to_mlflow: one parent run per study (reused on resume), one nested run per trial.
         on_trial: called with a :class:`TrialReport` after each trial.
+        on_batch: Iconq trials: called after each training batch with (epoch,
+            samples done this epoch, samples per epoch, samples per second), as
+            :func:`~sloctl.training.pipeline.train_iconq` calls it.
         log_path: recorded with the study (named when another log is refused).
         pruner: an Optuna pruner (default: median, 2 start-up trials, 2 warm-up steps).
 
@@ -260,7 +264,7 @@ def tune(model: str, log: pd.DataFrame, cfg: StudyConfig, *, trials: int, storag
     def objective(trial: Any) -> float:
         if model == ModelKind.STAGE:
             return _stage_trial(trial, log, cfg)
-        return _iconq_trial(trial, log, cfg, max_epochs)
+        return _iconq_trial(trial, log, cfg, max_epochs, on_batch)
 
     done = [0]
 

@@ -71,3 +71,55 @@ def test_evaluation_batches_follow_the_length_order_and_shards_are_disjoint():
     assert not flat[0] & flat[1] and len(shards[0]) == len(shards[1])
     with pytest.raises(ValueError, match="batch_size"):
         BucketBatchSampler(lengths, 0)
+
+
+def test_shared_batches_predict_what_each_sample_alone_predicts(sim_log, inputs):
+    """A query's full sample and its censored prefixes share one neighbour pass (arrival order, §4.3 prefixes):
+    the shared forward equals the plain one sample by sample, and so do the gradients."""
+    from sloctl.models.iconq import IconqConfig, IconqNet
+
+    table = sample_table(sim_log, np.arange(len(sim_log)), censored=True, seed=1, index=inputs.index)
+    plain, shared = IconqSamples(inputs, table), IconqSamples(inputs, table, shared=True)
+    rows = table.row
+    many = np.flatnonzero(np.isin(rows, rows[np.flatnonzero(~table.full)][:20]))  # queries with prefixes, all samples
+    pick = np.r_[many, [0, 3]].tolist()
+    torch.manual_seed(0)
+    net = IconqNet(IconqConfig(pair_dim=inputs.pair_dim, self_dim=inputs.own.shape[1], embed_dim=16, hidden_dim=16,
+                               head_dim=16, dropout=0.0, after_order="chronological"))
+    a, b = plain.__getitems__(pick), shared.__getitems__(pick)
+    assert len(b["self_x"]) < len(pick) == len(b["owner"])  # fewer queries than samples: passes shared
+    out_a = net(a["self_x"], a["before_x"], a["before_len"], a["after_x"], a["after_len"], a["base_log"])
+    out_b = net.forward_shared(b["self_x"], b["before_x"], b["before_len"], b["after_x"], b["after_len"],
+                               b["base_log"], b["owner"], b["take_after"])
+    torch.testing.assert_close(out_b, out_a, rtol=1e-5, atol=1e-5)
+    grads = []
+    for out in (out_a, out_b):
+        net.zero_grad()
+        out.sum().backward(retain_graph=True)
+        grads.append([p.grad.clone() for p in net.parameters()])
+    for ga, gb in zip(*grads, strict=True):
+        torch.testing.assert_close(gb, ga, rtol=1e-4, atol=1e-5)
+    reverse = IconqNet(IconqConfig(pair_dim=inputs.pair_dim, self_dim=inputs.own.shape[1], after_order="reverse"))
+    with pytest.raises(ValueError, match="chronological"):
+        reverse.forward_shared(b["self_x"], b["before_x"], b["before_len"], b["after_x"], b["after_len"],
+                               b["base_log"], b["owner"], b["take_after"])
+
+
+def test_grouped_batches_keep_a_query_s_samples_together_and_cover_each_once():
+    rng = np.random.default_rng(4)
+    groups = np.repeat(np.arange(400), rng.integers(1, 4, 400))
+    lengths = rng.integers(0, 30, len(groups))
+    sampler = BucketBatchSampler(lengths, 32, seed=1, pool_batches=4, groups=groups)
+    batches = list(sampler)
+    assert sorted(np.concatenate(batches).tolist()) == list(range(len(groups))) and len(batches) == len(sampler)
+    owner = {}
+    for k, b in enumerate(batches):
+        for g in set(groups[b].tolist()):
+            assert owner.setdefault(g, k) == k  # every sample of a query in one batch
+    assert max(len(b) for b in batches) <= 32 + 2  # closed at the group that reaches 32
+    pools = -(-400 // (round(32 / (len(groups) / 400)) * 4))
+    assert sum(len(b) < 32 for b in batches) <= pools  # only each pool's last batch is short
+    sampler.sampler.set_epoch(1)
+    assert list(sampler) != batches
+    ordered = list(BucketBatchSampler(lengths, 32, shuffle=False, groups=groups))
+    assert sorted(np.concatenate(ordered).tolist()) == list(range(len(groups)))

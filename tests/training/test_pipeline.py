@@ -136,6 +136,21 @@ def test_batches_grow_with_the_data_and_the_learning_rate_with_them():
     assert batch_plan(dataclasses.replace(cfg, lr_scaling="none"), 26_000)[1] == pytest.approx(cfg.lr)
 
 
+def test_auto_precision_is_bfloat16_only_for_large_batches_on_hardware_that_has_it(monkeypatch):
+    import torch
+
+    from sloctl.core.config import IconqSection
+    from sloctl.training.pipeline import BF16_MIN_BATCH, precision_plan
+
+    cfg = IconqSection()
+    assert cfg.precision == "auto" and precision_plan(cfg, 32) == "32-true"  # small logs train as before
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    assert precision_plan(cfg, BF16_MIN_BATCH) == "bf16-mixed"
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    assert precision_plan(cfg, 1024) == "32-true"
+    assert precision_plan(dataclasses.replace(cfg, precision="bf16-mixed"), 32) == "bf16-mixed"  # as asked
+
+
 def test_a_wall_clock_budget_ends_training_with_the_best_checkpoint_and_says_so(sim_log, cfg):
     from sloctl.training.pipeline import train_iconq
 

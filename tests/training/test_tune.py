@@ -139,3 +139,20 @@ def test_tune_apply_trains_and_registers_the_best_parameters(sim_log, cfg, tmp_p
     version = client.get_model_version("stage", summary["applied"]["version"])
     params = client.get_run(version.run_id).data.params
     assert {k: params[k] for k in best} == {k: str(v) for k, v in best.items()}
+
+
+def test_tune_iconq_shows_each_trial_s_epochs_with_samples_per_second(sim_log, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from sloctl.cli import app
+    from sloctl.datasets.querylog import write_log
+
+    monkeypatch.setenv("SLOCTL_PROGRESS", "lines")
+    write_log(sim_log, tmp_path / "log.parquet")
+    (tmp_path / "c.yaml").write_text(f"registry:\n  tracking_uri: sqlite:///{tmp_path}/m.db\n"
+                                     f"  optuna_storage: sqlite:///{tmp_path}/o.db\n")
+    out = CliRunner().invoke(app, ["tune", "iconq", "--log", str(tmp_path / "log.parquet"), "--trials", "1",
+                                   "--max-epochs", "1", "--json", "--config", str(tmp_path / "c.yaml")])
+    assert out.exit_code == 0, out.output
+    assert "tune iconq: trial 1/1, epoch 1/1:" in out.stderr and "ETA" in out.stderr
+    assert "trial 1/1 (#0) complete" in out.stderr and "tune iconq" not in out.stdout
