@@ -127,14 +127,38 @@ def arrival_time_ratios(predictor: LatencyPredictor, log: pd.DataFrame) -> np.nd
     return actual / predicted
 
 
-def calibrate_slo_margin(predictor: LatencyPredictor, log: pd.DataFrame, risk_quantile: float = 0.75
-                         ) -> MarginCalibration:
+#: The most rows a margin is calibrated on (a quantile needs no more; a year of history would need gigabytes).
+CALIBRATION_ROWS = 200_000
+
+
+def calibration_rows(log: pd.DataFrame, max_rows: int = CALIBRATION_ROWS, seed: int = 0) -> pd.DataFrame:
+    """``log`` itself, or at most about ``max_rows`` of it that keep every query's neighbours: whole clusters in a
+    seeded random order while they are small, else the ``max_rows`` rows around the middle of the log in time."""
+    if len(log) <= max_rows:
+        return log
+    groups = log.groupby("cluster_id", sort=False).indices
+    sizes = np.array([len(v) for v in groups.values()])
+    if sizes.max() <= max_rows // 10:
+        order = np.random.default_rng(seed).permutation(len(sizes))
+        keep = order[:int(np.searchsorted(np.cumsum(sizes[order]), max_rows)) + 1]
+        names = list(groups)
+        rows = np.sort(np.concatenate([groups[names[i]] for i in keep]))
+    else:
+        by_time = np.argsort(log["arrival_s"].to_numpy(dtype=float), kind="stable")
+        first = (len(log) - max_rows) // 2
+        rows = np.sort(by_time[first:first + max_rows])
+    return log.iloc[rows].reset_index(drop=True)
+
+
+def calibrate_slo_margin(predictor: LatencyPredictor, log: pd.DataFrame, risk_quantile: float = 0.75,
+                         max_rows: int = CALIBRATION_ROWS) -> MarginCalibration:
     """The SLO margin covering ``risk_quantile`` of the routing-time under-prediction on ``log``.
 
     Args:
         predictor: the model the router uses.
         log: the query log it was trained on (finished rows are used).
         risk_quantile: in (0, 1); higher is more conservative.
+        max_rows: on a longer log, calibrate on this many of its rows (:func:`calibration_rows`).
 
     Returns:
         The margin ``max(0, 1 − 1 / q)`` where ``q`` is that quantile of
@@ -143,7 +167,7 @@ def calibrate_slo_margin(predictor: LatencyPredictor, log: pd.DataFrame, risk_qu
     """
     if not 0.0 < risk_quantile < 1.0:
         raise ValueError(f"The 'risk_quantile' parameter must be in (0, 1), got {risk_quantile!r}.")
-    ratios = arrival_time_ratios(predictor, log)
+    ratios = arrival_time_ratios(predictor, calibration_rows(log, max_rows))
     q = float(np.quantile(ratios, risk_quantile))
     return MarginCalibration(slo_margin=max(0.0, 1.0 - 1.0 / q), risk_quantile=risk_quantile, ratio_at_quantile=q,
                              ratio_p50=float(np.median(ratios)), queries=len(ratios),

@@ -238,3 +238,22 @@ def test_validation_during_training_watches_a_seeded_sample_of_a_large_split(cfg
     assert np.isin(picked, rows).all() and np.array_equal(picked, np.sort(picked))
     assert np.array_equal(watched_rows(rows[:500], cfg.iconq), rows[:500])
     assert len(watched_rows(rows, dataclasses.replace(cfg.iconq, max_val_rows=None))) == len(rows)
+
+
+def test_a_margin_on_a_long_log_is_calibrated_on_whole_clusters_or_a_window(sim_log):
+    import pandas as pd
+
+    from sloctl.models.calibration import calibration_rows
+
+    assert calibration_rows(sim_log, max_rows=len(sim_log)) is sim_log
+    many = pd.concat([sim_log.assign(cluster_id=sim_log["cluster_id"] + f"/{k}") for k in range(20)],
+                     ignore_index=True)
+    part = calibration_rows(many, max_rows=1000, seed=1)
+    sizes = many["cluster_id"].value_counts()
+    kept = part["cluster_id"].value_counts()
+    assert 1000 <= len(part) < 1000 + sizes.max() and (kept == sizes[kept.index]).all()  # clusters kept whole
+    one = sim_log.assign(cluster_id="all")
+    window = calibration_rows(one, max_rows=100)
+    assert len(window) == 100
+    middle = one["arrival_s"].sort_values().iloc[(len(one) - 100) // 2]
+    assert window["arrival_s"].min() == middle
