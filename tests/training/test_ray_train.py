@@ -34,6 +34,7 @@ def _train(folder, *extra):
     return CliRunner().invoke(app, [str(a) for a in args], env={"SLOCTL_PROGRESS": "lines"})
 
 
+@pytest.mark.slow  # about 30 s: a Ray Train run (controller and 2 workers importing torch) on 2 cores
 def test_two_ray_workers_train_a_registered_model_that_predicts(folder, sim_log, ray_local):
     from mlflow.tracking import MlflowClient
 
@@ -57,6 +58,7 @@ def test_two_ray_workers_train_a_registered_model_that_predicts(folder, sim_log,
     assert len(latency_s) == len(sim_log) and np.isfinite(latency_s).all() and (latency_s > 0).all()
 
 
+@pytest.mark.slow  # about 18 s: a Ray Train run per trial
 def test_a_study_prunes_a_trial_that_trains_on_ray(sim_log, tmp_path, monkeypatch, ray_local):
     """A trial does not pickle: the pruning callback reopens it from the study's storage in the worker."""
     import optuna
