@@ -1067,13 +1067,16 @@ def experiment_ablation_cmd(
         raise typer.BadParameter(f"must be >= 1; got {max_epochs}", param_hint="--max-epochs")
     iconq = cfg.iconq if max_epochs is None else dataclasses.replace(cfg.iconq, max_epochs=max_epochs)
     frame = read_logs(log)
+    from sloctl.core.progress import progress as progress_bar
 
-    def progress(run: dict) -> None:
-        echo(f"seed {run['seed']} {run['model']:<10} Q-error with neighbours p50 {run['concurrent']['p50']:.3f} "
-             f"p90 {run['concurrent']['p90']:.3f} p95 {run['concurrent']['p95']:.3f} "
-             f"(n={run['n']['concurrent']}) in {run['seconds']:.0f} s")
+    with progress_bar("experiment ablation: runs", total=len(seed_list) * len(chosen)) as bar:
+        def progress(run: dict) -> None:  # a line per trained model, and the runs left with their ETA
+            bar.log(f"seed {run['seed']} {run['model']:<10} Q-error with neighbours p50 "
+                    f"{run['concurrent']['p50']:.3f} p90 {run['concurrent']['p90']:.3f} p95 "
+                    f"{run['concurrent']['p95']:.3f} (n={run['n']['concurrent']}) in {run['seconds']:.0f} s")
+            bar.advance(note=f"seed {run['seed']} {run['model']}")
 
-    result = ablation(frame, cfg.stage, iconq, seed_list, models=chosen, on_result=progress)
+        result = ablation(frame, cfg.stage, iconq, seed_list, models=chosen, on_result=progress)
     if as_json:
         typer.echo(json.dumps(result))
         return

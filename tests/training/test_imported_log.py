@@ -68,8 +68,10 @@ def test_train_tune_evaluate_predict_and_ablation_without_a_database(imported, r
     tuned = run_sloctl("tune", "stage", "--log", log, "--trials", "2", "--storage",
                        f"sqlite:///{root / 'optuna.db'}", "--json")
     assert tuned.returncode == 0, tuned.stderr
-    ablation = run_sloctl("experiment", "ablation", "--log", log, "--models", "Stage", "--seeds", "0", "--json")
+    ablation = run_sloctl("experiment", "ablation", "--log", log, "--models", "Stage", "--seeds", "0", "--json",
+                          env={"SLOCTL_PROGRESS": "lines"})
     assert ablation.returncode == 0, ablation.stderr
+    assert "experiment ablation: runs: 1/1 (100%)" in ablation.stderr and "seed 0 Stage" in ablation.stderr
 
 
 def meta_template(bundle) -> str:
