@@ -4,7 +4,7 @@
    SF 0.1 training logs, as ``benchmarks/bench_training.py`` does; same seed,
    same log).
 2. Splits it by time (``iconq.split: time``): the earliest rows train, the
-   next 10% validate, the latest 10% test.
+   next 15% validate, the latest 15% test.
 3. Trains Iconq+ to its early stopping on the first 10k, 30k, 100k, 300k, ...
    rows of the training split in time, then on all of it (each point as
    ``train_iconq_curve(full=True)`` trains it: the same seeds, the same
