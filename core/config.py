@@ -184,6 +184,10 @@ class IconqSection:
             and the saved model in float32; fast on CPUs with AVX-512 BF16
             or AMX and on GPUs), or ``auto``: bf16-mixed for batches of 512
             and more where the hardware computes bfloat16 natively, else 32-true.
+        shared_passes: a query's full sample and its censored prefixes share
+            one neighbour pass in a batch (the same math, fewer LSTM steps):
+            ``on``, ``off``, or ``auto``: on for batches of 512 and more,
+            where grouping a query's samples costs a batch little variety.
         ray_address: train under Ray Train instead, ``devices`` workers of
             the Ray cluster at this address (``ray://head:10001``, ``auto``,
             ``head:6379``), or ``local``: a Ray instance started on this
@@ -210,6 +214,7 @@ class IconqSection:
     max_val_rows: int | None = 20_000
     accelerator: Literal["cpu", "gpu", "auto"] = "cpu"
     precision: Literal["auto", "32-true", "bf16-mixed"] = "auto"
+    shared_passes: Literal["auto", "on", "off"] = "auto"
     devices: int = 1
     ray_address: str | None = None
     max_epochs: int = 100

@@ -290,13 +290,20 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     inputs = IconqInputs(self_vectors(plan, stage_s, size, variant.size_features), plan, stage_s, arrival, size,
                          variant.size_features, neighbour_index(log))
 
+    shared = [False]
+
     def dataset(rows: np.ndarray, censored: bool, seed: int) -> IconqSamples:
         # in arrival order a query's censored prefixes share its full sample's neighbour passes
         return IconqSamples(inputs, sample_table(log, rows, censored=censored, partial_per_query=cfg.partial_per_query,
                                                  seed=seed, index=inputs.index),
-                            shared=censored and variant.after_order == "chronological")
+                            shared=shared[0] and censored and variant.after_order == "chronological")
 
     train_ds = dataset(splits["train"], variant.censored, cfg.seed)
+    shared[0] = cfg.shared_passes == "on" or (cfg.shared_passes == "auto"
+                                              and batch_plan(cfg, len(train_ds))[0] >= SHARED_MIN_BATCH)
+    if shared[0]:
+        train_ds = IconqSamples(train_ds.inputs, train_ds.table, shared=variant.censored
+                                and variant.after_order == "chronological")
     val_ds = dataset(watched_rows(splits["val"], cfg), variant.censored, cfg.seed + 1)
     if len(train_ds) == 0 or len(val_ds) == 0:
         raise ValueError(f"Too few queries to train Iconq: {len(train_ds)} training and {len(val_ds)} validation "
@@ -352,6 +359,7 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         metrics.update(_summaries(name, pred, actual[eval_rows], neighbours[eval_rows]))
     params = {"model": "iconq", "variant": variant.name, **{f"iconq_{k}": v for k, v in asdict(cfg).items()},
               "iconq_batch_size_used": batch_size, "iconq_lr_used": lr, "iconq_precision_used": precision,
+              "iconq_shared_passes_used": shared[0],
               "iconq_stopped_by": stopped_by,
               **{f"stage_{k}": v for k, v in asdict(stage_config).items()}}
     predictor = _with_router_data(predictor, log, risk_quantile, metrics, params)
@@ -536,6 +544,9 @@ def check_interval(cfg: IconqSection, n_samples: int, batch_size: int) -> float 
 
 #: The smallest batch at which ``iconq.precision: auto`` trains in bfloat16 (smaller ones gain little).
 BF16_MIN_BATCH = 512
+#: The smallest batch at which ``iconq.shared_passes: auto`` groups a query's samples (in a smaller one the
+#: group would take a large share of the batch's variety; small logs train exactly as before).
+SHARED_MIN_BATCH = 512
 
 
 def precision_plan(cfg: IconqSection, batch_size: int) -> str:

@@ -257,3 +257,16 @@ def test_a_margin_on_a_long_log_is_calibrated_on_whole_clusters_or_a_window(sim_
     assert len(window) == 100
     middle = one["arrival_s"].sort_values().iloc[(len(one) - 100) // 2]
     assert window["arrival_s"].min() == middle
+
+
+def test_shared_passes_are_for_large_batches_unless_asked(sim_log, cfg):
+    """Small logs train exactly as before (each sample drawn alone); ``on`` shares, and the model still learns."""
+    from sloctl.training.pipeline import train_iconq
+
+    few = dataclasses.replace(cfg.iconq, max_epochs=2, learn_rows="all")
+    auto = train_iconq(sim_log, cfg.stage, few, risk_quantile=None)
+    assert auto.params["iconq_batch_size_used"] < 512 and auto.params["iconq_shared_passes_used"] is False
+    on = train_iconq(sim_log, cfg.stage, dataclasses.replace(few, shared_passes="on"), risk_quantile=None)
+    assert on.params["iconq_shared_passes_used"] is True and np.isfinite(on.metrics["test_q_error_p90"])
+    off = train_iconq(sim_log, cfg.stage, dataclasses.replace(few, shared_passes="off"), risk_quantile=None)
+    assert off.metrics["test_q_error_p90"] == pytest.approx(auto.metrics["test_q_error_p90"])
