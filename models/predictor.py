@@ -273,11 +273,15 @@ class LatencyPredictor:
                 query arrives; ``"all"`` — every other row on the same
                 cluster; ``"auto"`` — overlap when end times are known.
         """
+        return self.predict_with_isolated(frame, neighbours=neighbours)[0]
+
+    def predict_with_isolated(self, frame: pd.DataFrame, *, neighbours: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`predict` and Stage's isolated latency of every row, from one Stage pass."""
         frame = self._masked(frame)
         stage_s = self.stage.predict(frame)
         if self.net is None:
-            return stage_s
-        return np.exp(self.predict_log_with(frame, stage_s, neighbours=neighbours))
+            return stage_s, stage_s
+        return np.exp(self.predict_log_with(frame, stage_s, neighbours=neighbours)), stage_s
 
     def predict_log_with(self, frame: pd.DataFrame, stage_s: np.ndarray, *, neighbours: str = "auto") -> np.ndarray:
         """Iconq log-latency predictions given precomputed Stage predictions."""

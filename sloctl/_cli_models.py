@@ -412,7 +412,6 @@ def _predict_file(path: Path, out: Path | None, model: str, cfg, as_json: bool) 
     import json
     import time
 
-    import numpy as np
     import pandas as pd
 
     from sloctl._cli_common import load_cli_model
@@ -442,8 +441,7 @@ def _predict_file(path: Path, out: Path | None, model: str, cfg, as_json: bool) 
     except ValueError as exc:
         raise typer.BadParameter(str(exc).removeprefix(f"--input {path}: "), param_hint=f"--input {path}") from None
     predictor.check_features(frame, what=f"--input {path}")
-    stage_s = predictor.stage.predict(predictor._masked(frame))
-    seconds = stage_s if predictor.net is None else np.exp(predictor.predict_log_with(frame, stage_s))
+    seconds, stage_s = predictor.predict_with_isolated(frame)
     result = queries.copy()
     result["predicted_latency_s"] = seconds
     result["isolated_latency_s"] = stage_s

@@ -290,28 +290,23 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
     inputs = IconqInputs(self_vectors(plan, stage_s, size, variant.size_features), plan, stage_s, arrival, size,
                          variant.size_features, neighbour_index(log))
 
-    shared = [False]
-
-    def dataset(rows: np.ndarray, censored: bool, seed: int) -> IconqSamples:
-        # in arrival order a query's censored prefixes share its full sample's neighbour passes
+    def dataset(rows: np.ndarray, censored: bool, seed: int, shared: bool = False) -> IconqSamples:
         return IconqSamples(inputs, sample_table(log, rows, censored=censored, partial_per_query=cfg.partial_per_query,
-                                                 seed=seed, index=inputs.index),
-                            shared=shared[0] and censored and variant.after_order == "chronological")
+                                                 seed=seed, index=inputs.index), shared=shared)
 
     train_ds = dataset(splits["train"], variant.censored, cfg.seed)
-    shared[0] = cfg.shared_passes == "on" or (cfg.shared_passes == "auto"
-                                              and batch_plan(cfg, len(train_ds))[0] >= SHARED_MIN_BATCH)
-    if shared[0]:
-        train_ds = IconqSamples(train_ds.inputs, train_ds.table, shared=variant.censored
-                                and variant.after_order == "chronological")
-    val_ds = dataset(watched_rows(splits["val"], cfg), variant.censored, cfg.seed + 1)
+    batch_size, lr = batch_plan(cfg, len(train_ds))
+    # in arrival order a query's censored prefixes share its full sample's neighbour passes (large batches)
+    shared = variant.censored and variant.after_order == "chronological" and (
+        cfg.shared_passes == "on" or (cfg.shared_passes == "auto" and batch_size >= SHARED_MIN_BATCH))
+    train_ds.shared = shared
+    val_ds = dataset(watched_rows(splits["val"], cfg), variant.censored, cfg.seed + 1, shared)
     if len(train_ds) == 0 or len(val_ds) == 0:
         raise ValueError(f"Too few queries to train Iconq: {len(train_ds)} training and {len(val_ds)} validation "
                          "samples; collect a longer log.")
     net_config = IconqConfig(pair_dim=inputs.pair_dim, self_dim=inputs.own.shape[1],
                              embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim, head_dim=cfg.head_dim,
                              dropout=cfg.dropout, after_order=variant.after_order)
-    batch_size, lr = batch_plan(cfg, len(train_ds))
     precision = precision_plan(cfg, batch_size)
     fit_cfg = replace(cfg, precision=precision)
     L.seed_everything(cfg.seed, verbose=False)
@@ -359,7 +354,7 @@ def train_iconq(log: pd.DataFrame, stage_config: StageConfig, cfg: IconqSection,
         metrics.update(_summaries(name, pred, actual[eval_rows], neighbours[eval_rows]))
     params = {"model": "iconq", "variant": variant.name, **{f"iconq_{k}": v for k, v in asdict(cfg).items()},
               "iconq_batch_size_used": batch_size, "iconq_lr_used": lr, "iconq_precision_used": precision,
-              "iconq_shared_passes_used": shared[0],
+              "iconq_shared_passes_used": shared,
               "iconq_stopped_by": stopped_by,
               **{f"stage_{k}": v for k, v in asdict(stage_config).items()}}
     predictor = _with_router_data(predictor, log, risk_quantile, metrics, params)

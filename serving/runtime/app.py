@@ -34,7 +34,6 @@ from collections import Counter
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from fastapi import Depends, FastAPI, Path, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -598,9 +597,7 @@ def create_app(cfg: RuntimeConfig, *, token: str | None, templates: Any = None, 
                 raise RequestRefused(f"at most {serve.predict_max_neighbours + 1} queries of a batch may share a "
                                      f"cluster (serve.predict_max_neighbours + 1), got {largest}", field="queries")
         frame = _predict_frame(rt, kind, predictor, queries)
-        stage_s = predictor.stage.predict(predictor._masked(frame))
-        seconds = stage_s if predictor.net is None else np.exp(predictor.predict_log_with(frame, stage_s,
-                                                                                           neighbours="all"))
+        seconds, stage_s = predictor.predict_with_isolated(frame, neighbours="all")
         metrics.decisions.labels("predict", "ok").inc()
         out = {"model": kind, "model_version": rt.slots[kind].version, "fallback": kind != ModelKind.ICONQ}
         if batch:
